@@ -1,0 +1,1 @@
+"""Repository agents that hook into model load and unload."""

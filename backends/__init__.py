@@ -1,0 +1,74 @@
+"""Backend registry, resolved lazily: importing this package imports no framework.
+
+Built-in backends are named here by module path and imported only when a model of that
+backend loads. Third-party backends register through the entry-point group
+``trident.backends`` (name -> ``module:BackendClass``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+
+from trident.backends.base import Backend, LoadContext, ModelInstance
+from trident.errors import TritonError, unsupported
+
+__all__ = ["Backend", "LoadContext", "ModelInstance", "get_backend", "backend_name_for"]
+
+# backend name -> (module, class, pip extra that provides its framework or None)
+_BUILTIN: dict[str, tuple[str, str, str | None]] = {
+    "python": ("trident.backends.python.backend", "PythonBackend", None),
+}
+
+# platform -> backend name (Triton's platform spellings)
+_PLATFORMS: dict[str, str] = {
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "tensorrt_plan": "tensorrt",
+    "openvino": "openvino",
+}
+
+_cache: dict[str, Backend] = {}
+
+
+def backend_name_for(backend: str, platform: str) -> str:
+    """The backend name for a config's ``backend`` / ``platform`` pair ("" when neither is set)."""
+    if backend:
+        return backend
+    return _PLATFORMS.get(platform, platform)
+
+
+def _entry_point(name: str) -> Backend | None:
+    try:
+        eps = metadata.entry_points(group="trident.backends")
+    except TypeError:  # pragma: no cover - python < 3.10 API
+        eps = metadata.entry_points().get("trident.backends", [])  # type: ignore[attr-defined]
+    for ep in eps:
+        if ep.name == name:
+            cls = ep.load()
+            return cls() if isinstance(cls, type) else cls
+    return None
+
+
+def get_backend(name: str) -> Backend:
+    """The backend registered under ``name``; raises TritonError(UNSUPPORTED) if there is none."""
+    if name in _cache:
+        return _cache[name]
+    backend: Backend | None = None
+    if name in _BUILTIN:
+        module, cls_name, extra = _BUILTIN[name]
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as e:  # the framework is missing
+            hint = f'; install it with pip install "trident[{extra}]"' if extra else ""
+            raise unsupported(f"backend '{name}' is not available: {e}{hint}") from e
+        backend = getattr(mod, cls_name)()
+    else:
+        try:
+            backend = _entry_point(name)
+        except Exception as e:
+            raise TritonError(unsupported("").code, f"backend '{name}' failed to load: {e}") from e
+    if backend is None:
+        raise unsupported(f"unknown backend '{name}'")
+    _cache[name] = backend
+    return backend

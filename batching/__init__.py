@@ -1,0 +1,1 @@
+"""Schedulers: direct, dynamic batcher; batch merge and split."""

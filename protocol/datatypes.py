@@ -1,0 +1,171 @@
+"""Triton datatypes: names, numpy dtypes, element sizes and the BYTES wire encoding (sans-IO).
+
+Representation in trident (documented in README "Datatypes"):
+
+* every fixed-size type is a numpy array of the matching dtype, little-endian;
+* ``BYTES`` is a numpy ``object`` array whose elements are ``bytes``;
+* ``BF16`` has no numpy dtype: it is carried as a ``uint16`` array holding the raw bfloat16
+  bit patterns (the upper half of an IEEE float32). :func:`bf16_to_float32` and
+  :func:`float32_to_bf16` convert.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+import numpy as np
+
+# API datatype name -> numpy dtype (BYTES -> object, BF16 -> uint16 bit patterns)
+_NP: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+    "BF16": np.dtype("<u2"),
+    "BYTES": np.dtype(object),
+}
+
+DATATYPES: tuple[str, ...] = tuple(_NP)
+
+# config.pbtxt enum name (TYPE_*) <-> API datatype string
+_CONFIG_TO_API = {f"TYPE_{name}": name for name in DATATYPES if name != "BYTES"}
+_CONFIG_TO_API["TYPE_STRING"] = "BYTES"
+_API_TO_CONFIG = {v: k for k, v in _CONFIG_TO_API.items()}
+
+_SIZES = {name: dt.itemsize for name, dt in _NP.items() if name != "BYTES"}
+
+_NP_TO_API: dict[np.dtype, str] = {
+    np.dtype(np.bool_): "BOOL",
+    np.dtype(np.uint8): "UINT8",
+    np.dtype(np.uint16): "UINT16",
+    np.dtype(np.uint32): "UINT32",
+    np.dtype(np.uint64): "UINT64",
+    np.dtype(np.int8): "INT8",
+    np.dtype(np.int16): "INT16",
+    np.dtype(np.int32): "INT32",
+    np.dtype(np.int64): "INT64",
+    np.dtype(np.float16): "FP16",
+    np.dtype(np.float32): "FP32",
+    np.dtype(np.float64): "FP64",
+    np.dtype(object): "BYTES",
+}
+
+
+def is_datatype(name: str) -> bool:
+    return name in _NP
+
+
+def numpy_dtype(datatype: str) -> np.dtype:
+    """numpy dtype for an API datatype; raises KeyError for unknown names."""
+    return _NP[datatype]
+
+
+def element_size(datatype: str) -> int | None:
+    """Bytes per element, or None for BYTES (variable length)."""
+    return _SIZES.get(datatype)
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """API datatype of a numpy array (byte strings and unicode arrays are BYTES)."""
+    dt = array.dtype
+    if dt.kind in ("S", "U", "O"):
+        return "BYTES"
+    try:
+        return _NP_TO_API[dt.newbyteorder("=") if dt.byteorder == ">" else dt]
+    except KeyError:
+        raise ValueError(f"unsupported numpy dtype {dt}") from None
+
+
+def config_to_api(config_type: str) -> str:
+    """'TYPE_FP32' -> 'FP32', 'TYPE_STRING' -> 'BYTES'."""
+    return _CONFIG_TO_API[config_type]
+
+
+def api_to_config(datatype: str) -> str:
+    """'FP32' -> 'TYPE_FP32', 'BYTES' -> 'TYPE_STRING'."""
+    return _API_TO_CONFIG[datatype]
+
+
+def element_count(shape: Iterable[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# ---- BYTES wire form: each element is a 4-byte little-endian length then the bytes ----
+
+_LEN = struct.Struct("<I")
+
+
+def serialize_bytes(array: np.ndarray) -> bytes:
+    """Row-major BYTES elements as length-prefixed bytes. str elements are UTF-8 encoded."""
+    parts: list[bytes] = []
+    append = parts.append
+    pack = _LEN.pack
+    for item in array.reshape(-1):
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        elif not isinstance(item, (bytes, bytearray, memoryview)):
+            item = str(item).encode("utf-8")
+        append(pack(len(item)))
+        append(bytes(item))
+    return b"".join(parts)
+
+
+def deserialize_bytes(buffer: bytes | bytearray | memoryview, count: int | None = None) -> np.ndarray:
+    """Parse length-prefixed BYTES elements into a 1-D object array.
+
+    Raises ValueError when the buffer is truncated, has trailing bytes, or holds a number of
+    elements other than ``count`` (when given).
+    """
+    view = memoryview(buffer).cast("B")
+    items: list[bytes] = []
+    offset = 0
+    end = len(view)
+    unpack = _LEN.unpack_from
+    while offset < end:
+        if offset + 4 > end:
+            raise ValueError("BYTES element length prefix is truncated")
+        (length,) = unpack(view, offset)
+        offset += 4
+        if offset + length > end:
+            raise ValueError("BYTES element is truncated")
+        items.append(bytes(view[offset : offset + length]))
+        offset += length
+        if count is not None and len(items) > count:
+            raise ValueError(f"BYTES data holds more than the {count} elements its shape declares")
+    if count is not None and len(items) != count:
+        raise ValueError(f"BYTES data holds {len(items)} elements, its shape declares {count}")
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+def to_bytes_array(values: Iterable[object]) -> np.ndarray:
+    """An object array of bytes from str/bytes values (str is UTF-8 encoded)."""
+    items = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in values]  # type: ignore[call-overload]
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """uint16 bfloat16 bit patterns -> float32 values."""
+    return (np.asarray(bits, dtype="<u2").astype("<u4") << 16).view("<f4")
+
+
+def float32_to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 values -> uint16 bfloat16 bit patterns (round to nearest even)."""
+    u = np.asarray(values, dtype="<f4").view("<u4")
+    rounding = ((u >> 16) & 1) + 0x7FFF
+    return ((u + rounding) >> 16).astype("<u2")

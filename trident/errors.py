@@ -1,0 +1,102 @@
+"""Triton's error codes and the one table that maps them to HTTP and gRPC statuses.
+
+No other module names an HTTP status number or a gRPC status code for an inference error:
+front ends call :func:`http_status` / :func:`grpc_status` with the error's code.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Code(enum.Enum):
+    """Triton's error codes (TRITONSERVER_Error_Code)."""
+
+    UNKNOWN = "UNKNOWN"
+    INTERNAL = "INTERNAL"
+    NOT_FOUND = "NOT_FOUND"
+    INVALID_ARG = "INVALID_ARG"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNSUPPORTED = "UNSUPPORTED"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    CANCELLED = "CANCELLED"
+
+
+# gRPC status codes by number (grpc/status.h); the names are the canonical ones.
+GRPC_OK = 0
+GRPC_CANCELLED = 1
+GRPC_UNKNOWN = 2
+GRPC_INVALID_ARGUMENT = 3
+GRPC_DEADLINE_EXCEEDED = 4
+GRPC_NOT_FOUND = 5
+GRPC_ALREADY_EXISTS = 6
+GRPC_RESOURCE_EXHAUSTED = 8
+GRPC_UNIMPLEMENTED = 12
+GRPC_INTERNAL = 13
+GRPC_UNAVAILABLE = 14
+
+# code -> (HTTP status, gRPC status). The only table of its kind in trident.
+_TABLE: dict[Code, tuple[int, int]] = {
+    Code.INVALID_ARG: (400, GRPC_INVALID_ARGUMENT),
+    Code.NOT_FOUND: (404, GRPC_NOT_FOUND),
+    Code.UNAVAILABLE: (503, GRPC_UNAVAILABLE),
+    Code.UNSUPPORTED: (501, GRPC_UNIMPLEMENTED),
+    Code.ALREADY_EXISTS: (400, GRPC_ALREADY_EXISTS),
+    Code.CANCELLED: (400, GRPC_CANCELLED),
+    Code.INTERNAL: (500, GRPC_INTERNAL),
+    Code.UNKNOWN: (400, GRPC_UNKNOWN),
+}
+
+
+def http_status(code: Code) -> int:
+    """HTTP status for a Triton error code (Triton's ``HttpCodeFromError``)."""
+    return _TABLE[code][0]
+
+
+def grpc_status(code: Code) -> int:
+    """gRPC status number for a Triton error code (Triton's ``grpc_utils.cc``)."""
+    return _TABLE[code][1]
+
+
+class TritonError(Exception):
+    """An error with a Triton code; the message is what the client sees."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"TritonError({self.code.name}, {self.message!r})"
+
+    @property
+    def http_status(self) -> int:
+        return http_status(self.code)
+
+    @property
+    def grpc_status(self) -> int:
+        return grpc_status(self.code)
+
+
+def invalid_arg(message: str) -> TritonError:
+    return TritonError(Code.INVALID_ARG, message)
+
+
+def not_found(message: str) -> TritonError:
+    return TritonError(Code.NOT_FOUND, message)
+
+
+def unavailable(message: str) -> TritonError:
+    return TritonError(Code.UNAVAILABLE, message)
+
+
+def unsupported(message: str) -> TritonError:
+    return TritonError(Code.UNSUPPORTED, message)
+
+
+def internal(message: str) -> TritonError:
+    return TritonError(Code.INTERNAL, message)
+
+
+def cancelled(message: str = "request cancelled") -> TritonError:
+    return TritonError(Code.CANCELLED, message)

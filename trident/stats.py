@@ -1,0 +1,170 @@
+"""Per-model-version statistics: a recorder the scheduler updates, frozen snapshots for readers.
+
+:meth:`StatsRecorder.snapshot` returns a :class:`ModelStatistics` that feeds both the statistics
+extension (HTTP JSON via :meth:`ModelStatistics.to_json`, gRPC via the front end) and metrics.
+Cancelled requests count as failures (never as successes) and are also counted in
+``cancelled`` for metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    batch_size: int
+    compute_input: Duration
+    compute_infer: Duration
+    compute_output: Duration
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "batch_size": self.batch_size,
+            "compute_input": self.compute_input.to_json(),
+            "compute_infer": self.compute_infer.to_json(),
+            "compute_output": self.compute_output.to_json(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatistics:
+    """Triton's ModelStatistics for one model version (last_inference in ms since the epoch)."""
+
+    name: str
+    version: str
+    last_inference: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    success: Duration = Duration()
+    fail: Duration = Duration()
+    queue: Duration = Duration()
+    compute_input: Duration = Duration()
+    compute_infer: Duration = Duration()
+    compute_output: Duration = Duration()
+    cache_hit: Duration = Duration()
+    cache_miss: Duration = Duration()
+    batch_stats: tuple[BatchStats, ...] = ()
+    cancelled: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        """Triton's HTTP statistics-extension shape for one entry of ``model_stats``."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.to_json(),
+                "fail": self.fail.to_json(),
+                "queue": self.queue.to_json(),
+                "compute_input": self.compute_input.to_json(),
+                "compute_infer": self.compute_infer.to_json(),
+                "compute_output": self.compute_output.to_json(),
+                "cache_hit": self.cache_hit.to_json(),
+                "cache_miss": self.cache_miss.to_json(),
+            },
+            "response_stats": {},
+            "batch_stats": [b.to_json() for b in self.batch_stats],
+            "memory_usage": [],
+        }
+
+
+@dataclass
+class _Acc:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def freeze(self) -> Duration:
+        return Duration(self.count, self.ns)
+
+
+@dataclass
+class _BatchAcc:
+    compute_input: _Acc = field(default_factory=_Acc)
+    compute_infer: _Acc = field(default_factory=_Acc)
+    compute_output: _Acc = field(default_factory=_Acc)
+
+
+class StatsRecorder:
+    """Mutable counters of one model version. Only touched from the trio thread."""
+
+    def __init__(self, name: str, version: str) -> None:
+        self.name = name
+        self.version = version
+        self.last_inference_ms = 0
+        self.inference_count = 0
+        self.execution_count = 0
+        self.cancelled = 0
+        self.success = _Acc()
+        self.fail = _Acc()
+        self.queue = _Acc()
+        self.compute_input = _Acc()
+        self.compute_infer = _Acc()
+        self.compute_output = _Acc()
+        self.cache_hit = _Acc()
+        self.cache_miss = _Acc()
+        self._batches: dict[int, _BatchAcc] = {}
+
+    def record_success(self, request_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One request finished successfully (times are per request)."""
+        self.success.add(request_ns)
+        self.queue.add(queue_ns)
+        self.compute_input.add(input_ns)
+        self.compute_infer.add(infer_ns)
+        self.compute_output.add(output_ns)
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_failure(self, request_ns: int, *, cancelled: bool = False) -> None:
+        self.fail.add(request_ns)
+        if cancelled:
+            self.cancelled += 1
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One batch executed with ``batch_size`` inferences in it."""
+        self.execution_count += 1
+        self.inference_count += batch_size
+        acc = self._batches.get(batch_size)
+        if acc is None:
+            acc = self._batches[batch_size] = _BatchAcc()
+        acc.compute_input.add(input_ns)
+        acc.compute_infer.add(infer_ns)
+        acc.compute_output.add(output_ns)
+
+    def snapshot(self) -> ModelStatistics:
+        return ModelStatistics(
+            name=self.name,
+            version=self.version,
+            last_inference=self.last_inference_ms,
+            inference_count=self.inference_count,
+            execution_count=self.execution_count,
+            success=self.success.freeze(),
+            fail=self.fail.freeze(),
+            queue=self.queue.freeze(),
+            compute_input=self.compute_input.freeze(),
+            compute_infer=self.compute_infer.freeze(),
+            compute_output=self.compute_output.freeze(),
+            cache_hit=self.cache_hit.freeze(),
+            cache_miss=self.cache_miss.freeze(),
+            batch_stats=tuple(
+                BatchStats(size, a.compute_input.freeze(), a.compute_infer.freeze(), a.compute_output.freeze())
+                for size, a in sorted(self._batches.items())
+            ),
+            cancelled=self.cancelled,
+        )

@@ -1,0 +1,115 @@
+"""The one request/response type that flows from front end to backend and back.
+
+Front ends decode the wire into :class:`InferenceRequest` (tensors as numpy arrays, decoded
+once at the edge), schedulers and backends pass the same objects along, and responses come
+back as :class:`InferenceResponse` through the request's response channel.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trident.errors import TritonError
+from trident.protocol import datatypes
+
+if TYPE_CHECKING:
+    pass
+
+ParamValue = bool | int | float | str
+
+
+@dataclass(eq=False, slots=True)
+class Tensor:
+    """A named tensor. ``data`` is a numpy array whose shape equals ``shape``.
+
+    BYTES data is an object array of ``bytes``; BF16 data is a ``uint16`` array of bfloat16
+    bit patterns (see :mod:`trident.protocol.datatypes`).
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+
+    @classmethod
+    def from_numpy(cls, name: str, array: np.ndarray, datatype: str | None = None) -> Tensor:
+        """Wrap an array without copying (BYTES from str/bytes arrays are converted)."""
+        dt = datatype or datatypes.datatype_of(array)
+        if dt == "BYTES" and array.dtype != object:
+            flat = datatypes.to_bytes_array(array.reshape(-1).tolist())
+            array = flat.reshape(array.shape)
+        return cls(name, dt, tuple(int(d) for d in array.shape), array)
+
+    @property
+    def nbytes(self) -> int:
+        if self.datatype == "BYTES":
+            return sum(len(x) for x in self.data.reshape(-1)) + 4 * self.data.size
+        return int(self.data.nbytes)
+
+
+@dataclass(eq=False, slots=True)
+class RequestedOutput:
+    """An output the client asked for, with its parameters (binary_data, classification...)."""
+
+    name: str
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class InferenceRequest:
+    """One inference request as every layer of trident sees it.
+
+    ``model_version`` is the version string from the wire ("" = chosen by the version policy).
+    ``outputs`` empty means "every output". ``cancelled`` is set (never cleared) when the
+    client goes away or the request's deadline passes; schedulers drop such requests before
+    batch assembly and backends may poll it.
+    """
+
+    model_name: str
+    inputs: list[Tensor]
+    model_version: str = ""
+    id: str = ""
+    outputs: list[RequestedOutput] = field(default_factory=list)
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+    # runtime state, owned by the server
+    cancelled: bool = False
+    arrival_ns: int = field(default_factory=time.monotonic_ns)
+    trace: Any = None
+
+    def input(self, name: str) -> Tensor | None:
+        for t in self.inputs:
+            if t.name == name:
+                return t
+        return None
+
+    def cancel(self) -> None:
+        """Mark the request cancelled (idempotent, callable from any thread)."""
+        self.cancelled = True
+
+
+@dataclass(eq=False)
+class InferenceResponse:
+    """A response (or one of the 0..N responses of a decoupled model).
+
+    ``error`` set means the response carries only that error. ``final`` marks the last
+    response of a request (Triton's COMPLETE_FINAL flag / ``triton_final_response``).
+    """
+
+    model_name: str = ""
+    model_version: str = ""
+    id: str = ""
+    outputs: list[Tensor] = field(default_factory=list)
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+    error: TritonError | None = None
+    final: bool = True
+
+    def output(self, name: str) -> Tensor | None:
+        for t in self.outputs:
+            if t.name == name:
+                return t
+        return None
