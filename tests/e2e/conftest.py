@@ -1,0 +1,140 @@
+"""End-to-end harness: the real ``trident serve`` in a subprocess on free ports.
+
+``start_server(*flags, repo=...)`` starts ``python -m trident serve`` with ports 0 on 127.0.0.1
+and reads the bound ports from the "Started ... at host:port" log lines. Fixtures:
+``example_server`` (session: the bundled example repository), ``server_factory`` (per test,
+stopped afterwards), ``repo_factory`` (copies of test model folders in tmp_path).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+MODELS = HERE / "models"
+_STARTED = re.compile(r"Started (GRPCInferenceService|HTTPService|Metrics Service) at ([\d.]+):(\d+)")
+
+
+@dataclass
+class RunningServer:
+    proc: subprocess.Popen
+    log_path: Path
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def http_port(self) -> int:
+        return self.ports["HTTPService"]
+
+    @property
+    def grpc_port(self) -> int:
+        return self.ports["GRPCInferenceService"]
+
+    @property
+    def metrics_port(self) -> int:
+        return self.ports["Metrics Service"]
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def start_server(*flags: str, repo: Path | str | None = None, timeout: float = 60.0,
+                 env: dict[str, str] | None = None, expect: tuple[str, ...] | None = None) -> RunningServer:
+    """Start ``trident serve`` and wait until every enabled front end has bound its port."""
+    cmd = [sys.executable, "-m", "trident", "serve",
+           "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
+           "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+    if repo is not None:
+        cmd += ["--model-repository", str(repo)]
+    cmd += list(flags)
+    if expect is None:
+        expect = tuple(
+            name for name, flag in (("HTTPService", "--allow-http"), ("GRPCInferenceService", "--allow-grpc"),
+                                    ("Metrics Service", "--allow-metrics"))
+            if not any(f.startswith(flag + "=false") or f.startswith(flag + "=0") for f in flags)
+        )
+    log_fd, log_name = tempfile.mkstemp(prefix="trident-e2e-", suffix=".log")
+    proc = subprocess.Popen(cmd, stdout=log_fd, stderr=log_fd, env={**os.environ, **(env or {})})
+    os.close(log_fd)
+    server = RunningServer(proc, Path(log_name))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for m in _STARTED.finditer(server.log()):
+            server.ports[m.group(1)] = int(m.group(3))
+        if all(name in server.ports for name in expect):
+            return server
+        if proc.poll() is not None:
+            raise RuntimeError(f"trident exited with {proc.returncode}:\n{server.log()}")
+        time.sleep(0.05)
+    server.stop(signal.SIGKILL)
+    raise RuntimeError(f"trident did not start within {timeout} s:\n{server.log()}")
+
+
+@pytest.fixture(scope="session")
+def example_server() -> Iterator[RunningServer]:
+    server = start_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def server_factory() -> Iterator:
+    started: list[RunningServer] = []
+
+    def factory(*flags: str, **kwargs) -> RunningServer:
+        s = start_server(*flags, **kwargs)
+        started.append(s)
+        return s
+
+    yield factory
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture
+def repo_factory(tmp_path: Path):
+    """Build a repository in tmp_path from folders of tests/e2e/models (and the example repo)."""
+    from trident.options import EXAMPLE_REPOSITORY
+
+    def factory(*names: str) -> Path:
+        root = tmp_path / "repo"
+        root.mkdir(exist_ok=True)
+        for name in names:
+            src = MODELS / name if (MODELS / name).exists() else EXAMPLE_REPOSITORY / name
+            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        return root
+
+    return factory

@@ -1,0 +1,209 @@
+"""The Server facade in-process (no sockets): lifecycle, inference, validation, cancellation."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+
+from trident.errors import TritonError
+from trident.options import EXAMPLE_REPOSITORY, ServerOptions
+from trident.server import open_server
+from trident.types import InferenceRequest, RequestedOutput, Tensor
+
+
+def add_sub_request(batch=1, **kw):
+    a = np.arange(16 * batch, dtype=np.float32).reshape(batch, 16)
+    b = np.ones((batch, 16), dtype=np.float32)
+    return InferenceRequest("add_sub", [Tensor.from_numpy("INPUT0", a), Tensor.from_numpy("INPUT1", b)], **kw), a, b
+
+
+async def test_example_repository_serves_add_sub():
+    async with open_server(ServerOptions()) as server:
+        assert server.is_live() and server.is_ready()
+        assert {e.name for e in server.repository_index()} == {"add_sub", "identity_fp32", "bytes_echo"}
+        req, a, b = add_sub_request(3, id="r1")
+        resp = await server.infer(req)
+        assert resp.model_name == "add_sub" and resp.model_version == "1" and resp.id == "r1"
+        np.testing.assert_array_equal(resp.output("OUTPUT0").data, a + b)
+        np.testing.assert_array_equal(resp.output("OUTPUT1").data, a - b)
+        meta = server.model_metadata("add_sub")
+        assert meta["inputs"][0] == {"name": "INPUT0", "datatype": "FP32", "shape": [-1, 16]}
+        assert meta["versions"] == ["1"] and meta["platform"] == "python"
+        stats = server.model_statistics("add_sub")[0]
+        assert stats.success.count == 1 and stats.inference_count == 3 and stats.execution_count == 1
+
+
+async def test_output_selection_and_bytes():
+    async with open_server(ServerOptions()) as server:
+        req, a, b = add_sub_request(outputs=[RequestedOutput("OUTPUT1")])
+        resp = await server.infer(req)
+        assert [t.name for t in resp.outputs] == ["OUTPUT1"]
+        x = np.array([[b"ab", b"xyz"]], dtype=object)
+        resp = await server.infer(InferenceRequest("bytes_echo", [Tensor.from_numpy("INPUT0", x)]))
+        assert resp.output("OUTPUT0").data.tolist() == [[b"AB", b"XYZ"]]
+        assert resp.output("OUTPUT1").data.tolist() == [[2, 3]]
+
+
+@pytest.mark.parametrize(
+    "mutate,code,fragment",
+    [
+        (lambda r: r.inputs.pop(), "INVALID_ARG", "missing required input(s) ['INPUT1']"),
+        (lambda r: r.inputs.append(Tensor.from_numpy("EXTRA", np.zeros((1, 16), np.float32))), "INVALID_ARG",
+         "unexpected inference input 'EXTRA'"),
+        (lambda r: setattr(r, "inputs", [Tensor.from_numpy("INPUT0", np.zeros((1, 16), np.int32)), r.inputs[1]]),
+         "INVALID_ARG", "data-type is 'INT32', but model 'add_sub' expects 'FP32'"),
+        (lambda r: setattr(r, "inputs", [Tensor.from_numpy("INPUT0", np.zeros((1, 15), np.float32)), r.inputs[1]]),
+         "INVALID_ARG", "unexpected shape for input 'INPUT0'"),
+        (lambda r: setattr(r, "outputs", [RequestedOutput("NOPE")]), "INVALID_ARG", "unexpected inference output"),
+        (lambda r: setattr(r, "model_version", "7"), "NOT_FOUND", "version 7"),
+        (lambda r: setattr(r, "model_name", "nope"), "NOT_FOUND", "unknown model"),
+    ],
+)
+async def test_bad_requests(mutate, code, fragment):
+    async with open_server(ServerOptions()) as server:
+        req, _, _ = add_sub_request()
+        mutate(req)
+        with pytest.raises(TritonError) as e:
+            await server.infer(req)
+        assert e.value.code.name == code and fragment in e.value.message
+
+
+async def test_batch_too_large():
+    async with open_server(ServerOptions()) as server:
+        req, _, _ = add_sub_request(9)
+        with pytest.raises(TritonError, match="batch-size must be <= 8"):
+            await server.infer(req)
+
+
+def _slow_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "slow" / "1").mkdir(parents=True)
+    (repo / "slow" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [{ name: "X" data_type: TYPE_FP32 dims: [1] }]\noutput [{ name: "Y" data_type: TYPE_FP32 dims: [1] }]\n'
+    )
+    (repo / "slow" / "1" / "model.py").write_text(
+        "import time\nimport triton_python_backend_utils as pb_utils\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        out = []\n"
+        "        for r in requests:\n"
+        "            x = pb_utils.get_input_tensor_by_name(r, 'X').as_numpy()\n"
+        "            deadline = time.monotonic() + float(x[0])\n"
+        "            while time.monotonic() < deadline and not r.is_cancelled():\n"
+        "                time.sleep(0.005)\n"
+        "            out.append(pb_utils.InferenceResponse([pb_utils.Tensor('Y', x)]))\n"
+        "        return out\n"
+    )
+    return repo
+
+
+async def test_cancelled_queued_request_is_never_executed(tmp_path):
+    opts = ServerOptions(model_repositories=[str(_slow_repo(tmp_path))])
+    async with open_server(opts) as server:
+        busy = InferenceRequest("slow", [Tensor.from_numpy("X", np.array([0.3], np.float32))])
+        queued = InferenceRequest("slow", [Tensor.from_numpy("X", np.array([0.0], np.float32))])
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.infer, busy)
+            await trio.sleep(0.05)
+            with trio.move_on_after(0.05):
+                await server.infer(queued)
+        assert queued.cancelled
+        mv = server.repository.get("slow")
+        stats = mv.stats.snapshot()
+        assert stats.execution_count == 1 and stats.success.count == 1
+        assert stats.fail.count == 1 and stats.cancelled == 1 and mv.dropped == 1
+
+
+async def test_running_request_sees_cancellation(tmp_path):
+    opts = ServerOptions(model_repositories=[str(_slow_repo(tmp_path))])
+    async with open_server(opts) as server:
+        req = InferenceRequest("slow", [Tensor.from_numpy("X", np.array([30.0], np.float32))])
+        with trio.fail_after(10):
+            with trio.move_on_after(0.2):
+                await server.infer(req)
+        # the model polled is_cancelled() and returned early: the worker is free again
+        with trio.fail_after(10):
+            quick = InferenceRequest("slow", [Tensor.from_numpy("X", np.array([0.0], np.float32))])
+            resp = await server.infer(quick)
+        assert resp.output("Y").data.tolist() == [0.0]
+        assert server.repository.get("slow").stats.snapshot().cancelled == 1
+
+
+async def test_broken_config_is_unavailable_with_reason(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPOSITORY / "add_sub", repo / "add_sub")
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: [\n')
+    async with open_server(ServerOptions(model_repositories=[str(repo)])) as server:
+        rows = {e.name: e for e in server.repository_index()}
+        assert rows["broken"].state == "UNAVAILABLE" and "config.pbtxt:" in rows["broken"].reason
+        assert rows["add_sub"].state == "READY"
+        assert not server.is_ready()  # strict readiness
+        with pytest.raises(TritonError) as e:
+            await server.infer(InferenceRequest("broken", []))
+        assert e.value.code.name == "UNAVAILABLE" and "config.pbtxt:" in e.value.message
+        req, a, b = add_sub_request()
+        assert (await server.infer(req)).output("OUTPUT0") is not None
+
+
+async def test_explicit_load_unload_and_override(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPOSITORY / "add_sub", repo / "add_sub")
+    opts = ServerOptions(model_repositories=[str(repo)], model_control_mode="explicit")
+    async with open_server(opts) as server:
+        assert [(e.name, e.state) for e in server.repository_index()] == [("add_sub", "")]
+        await server.load_model("add_sub")
+        assert server.model_ready("add_sub")
+        await server.unload_model("add_sub")
+        assert not server.model_ready("add_sub")
+        assert server.repository_index()[0].state == "UNAVAILABLE"
+        assert server.repository_index()[0].reason == "unloaded"
+        # config override + files in a fresh folder
+        code = (EXAMPLE_REPOSITORY / "identity_fp32" / "1" / "model.py").read_bytes()
+        cfg = ('{"name":"ident2","backend":"python","max_batch_size":0,'
+               '"input":[{"name":"INPUT0","data_type":"TYPE_FP32","dims":[-1]}],'
+               '"output":[{"name":"OUTPUT0","data_type":"TYPE_FP32","dims":[-1]}]}')
+        await server.load_model("ident2", cfg, {"1/model.py": code})
+        resp = await server.infer(InferenceRequest("ident2", [Tensor.from_numpy("INPUT0", np.ones(3, np.float32))]))
+        assert resp.output("OUTPUT0").data.tolist() == [1.0, 1.0, 1.0]
+        for bad in ("../x.py", "/etc/passwd", "1/../../x.py"):
+            with pytest.raises(TritonError) as e:
+                await server.load_model("ident3", cfg.replace("ident2", "ident3"), {bad: b"x"})
+            assert e.value.code.name == "INVALID_ARG"
+        with pytest.raises(TritonError):
+            await server.load_model("../add_sub")
+        with pytest.raises(TritonError):
+            await server.load_model("nope")
+
+
+async def test_load_refused_outside_explicit_mode():
+    async with open_server(ServerOptions()) as server:
+        with pytest.raises(TritonError) as e:
+            await server.load_model("add_sub")
+        assert e.value.code.name == "UNSUPPORTED"
+
+
+async def test_poll_mode_reload_keeps_serving_and_failed_reload_keeps_old(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPOSITORY / "identity_fp32", repo / "identity_fp32")
+    opts = ServerOptions(model_repositories=[str(repo)], model_control_mode="poll", repository_poll_secs=3600)
+    async with open_server(opts) as server:
+        req = lambda: InferenceRequest("identity_fp32", [Tensor.from_numpy("INPUT0", np.ones(2, np.float32))])  # noqa: E731
+        first = server.repository.get("identity_fp32")
+        model_py = repo / "identity_fp32" / "1" / "model.py"
+        model_py.write_text(model_py.read_text().replace('pb_utils.Tensor("OUTPUT0", x)', 'pb_utils.Tensor("OUTPUT0", x * 2)'))
+        await server.repository.poll_once()
+        second = server.repository.get("identity_fp32")
+        assert second is not first
+        assert (await server.infer(req())).output("OUTPUT0").data.tolist() == [2.0, 2.0]
+        (repo / "identity_fp32" / "config.pbtxt").write_text("max_batch_size: oops")
+        await server.repository.poll_once()
+        assert server.repository.get("identity_fp32") is second  # old version still serving
+        assert (await server.infer(req())).output("OUTPUT0").data.tolist() == [2.0, 2.0]
+        shutil.rmtree(repo / "identity_fp32")
+        await server.repository.poll_once()
+        with pytest.raises(TritonError):
+            server.repository.get("identity_fp32")

@@ -1,0 +1,179 @@
+"""``trident`` command line: ``trident serve`` with tritonserver's flag names and defaults.
+
+An unknown flag or a bad value is a one-line error (exit status 2). Booleans take
+``--flag=true|false`` (also ``1/0``, ``yes/no``, ``on/off``) or the bare ``--flag`` for true.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+import trio
+
+import trident
+from trident.options import ServerOptions
+
+log = logging.getLogger("trident.cli")
+
+_TRUE = {"true", "1", "yes", "on", "t", "y"}
+_FALSE = {"false", "0", "no", "off", "f", "n"}
+
+
+def _bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in _TRUE:
+        return True
+    if t in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean value '{text}'")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer value '{text}'") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got '{text}'")
+    return v
+
+
+def _port(text: str) -> int:
+    v = _positive_int(text)
+    if v > 65535:
+        raise argparse.ArgumentTypeError(f"invalid port '{text}'")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds '{text}'") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got '{text}'")
+    return v
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"trident: error: {message}\n")
+        sys.exit(2)
+
+
+def _flag(group: argparse._ArgumentGroup, name: str, default: bool, help: str) -> None:
+    group.add_argument(name, type=_bool, nargs="?", const=True, default=default, metavar="BOOL",
+                       help=f"{help} (default {str(default).lower()})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trident", description="Triton-compatible inference server on trio")
+    parser.add_argument("--version", action="version", version=f"trident {trident.__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    serve = sub.add_parser("serve", help="serve a model repository (the bundled example without --model-repository)")
+    d = ServerOptions()
+    g = serve.add_argument_group("repository")
+    g.add_argument("--model-repository", "--model-store", action="append", dest="model_repositories",
+                   metavar="PATH", help="model repository path (repeatable; default: the bundled example repository)")
+    g.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default=d.model_control_mode)
+    g.add_argument("--load-model", action="append", dest="load_models", default=[], metavar="NAME",
+                   help="model to load at start-up in explicit mode (repeatable; '*' loads all)")
+    g.add_argument("--repository-poll-secs", type=_seconds, default=d.repository_poll_secs)
+    g.add_argument("--model-load-thread-count", type=_positive_int, default=d.model_load_thread_count)
+    g.add_argument("--model-config-name", default=d.model_config_name)
+    g.add_argument("--disable-auto-complete-config", action="store_true")
+    _flag(g, "--strict-model-config", False, "deprecated: true disables auto-complete")
+    _flag(g, "--strict-readiness", d.strict_readiness, "ready only when every model is ready")
+    _flag(g, "--exit-on-error", d.exit_on_error, "exit when a model fails to load at start-up")
+    g.add_argument("--exit-timeout-secs", type=_seconds, default=d.exit_timeout_secs)
+    g.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE")
+    _flag(g, "--allow-client-shm", d.allow_client_shm, "allow client shared memory registration")
+    g.add_argument("--id", dest="server_id", default=d.server_id, help="server identifier in server metadata")
+
+    h = serve.add_argument_group("front ends")
+    _flag(h, "--allow-http", d.allow_http, "serve HTTP")
+    h.add_argument("--http-address", default=d.http_address)
+    h.add_argument("--http-port", type=_port, default=d.http_port)
+    h.add_argument("--http-max-input-size", type=_positive_int, default=d.http_max_input_size)
+    _flag(h, "--allow-grpc", d.allow_grpc, "serve gRPC")
+    h.add_argument("--grpc-address", default=d.grpc_address)
+    h.add_argument("--grpc-port", type=_port, default=d.grpc_port)
+    _flag(h, "--grpc-use-ssl", d.grpc_use_ssl, "TLS on the gRPC port")
+    h.add_argument("--grpc-server-cert", default="")
+    h.add_argument("--grpc-server-key", default="")
+    h.add_argument("--grpc-root-cert", default="")
+    h.add_argument("--grpc-max-message-size", type=_positive_int, default=d.grpc_max_message_size)
+    _flag(h, "--allow-metrics", d.allow_metrics, "serve Prometheus metrics")
+    _flag(h, "--allow-gpu-metrics", d.allow_gpu_metrics, "GPU metrics")
+    _flag(h, "--allow-cpu-metrics", d.allow_cpu_metrics, "CPU metrics")
+    h.add_argument("--metrics-address", default=d.metrics_address)
+    h.add_argument("--metrics-port", type=_port, default=d.metrics_port)
+    h.add_argument("--metrics-interval-ms", type=_positive_int, default=d.metrics_interval_ms)
+
+    lg = serve.add_argument_group("logging")
+    lg.add_argument("--log-verbose", type=_positive_int, default=d.log_verbose)
+    _flag(lg, "--log-info", d.log_info, "info messages")
+    _flag(lg, "--log-warning", d.log_warning, "warning messages")
+    _flag(lg, "--log-error", d.log_error, "error messages")
+    lg.add_argument("--log-format", choices=["default", "ISO8601"], default=d.log_format)
+    lg.add_argument("--log-file", default=d.log_file)
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    """ServerOptions from parsed ``serve`` arguments; raises ValueError for inconsistent ones."""
+    opts = ServerOptions()
+    for key, value in vars(args).items():
+        if key in ("command", "model_repositories", "backend_config", "strict_model_config"):
+            continue
+        if hasattr(opts, key):
+            setattr(opts, key, value)
+    if args.model_repositories:
+        opts.model_repositories = list(args.model_repositories)
+    if args.strict_model_config:
+        opts.disable_auto_complete_config = True
+    for entry in args.backend_config:
+        backend, _, kv = entry.partition(",")
+        if not kv:  # a global setting: --backend-config=key=value
+            backend, kv = "", entry
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--backend-config expects <backend>,<key>=<value>, got '{entry}'")
+        opts.backend_config.setdefault(backend, {})[key] = value
+    if "default-max-batch-size" in opts.backend_config.get("", {}):
+        opts.default_max_batch_size = int(opts.backend_config[""]["default-max-batch-size"])
+    if "*" in opts.load_models and len(opts.load_models) > 1:
+        raise ValueError("--load-model=* can not be combined with other --load-model values")
+    if opts.load_models and opts.model_control_mode != "explicit":
+        raise ValueError("--load-model is only allowed with --model-control-mode=explicit")
+    if opts.grpc_use_ssl and not (opts.grpc_server_cert and opts.grpc_server_key):
+        raise ValueError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    if not opts.metrics_address:
+        opts.metrics_address = opts.http_address
+    return opts
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "serve":
+        parser.print_help()
+        return 2
+    try:
+        options = options_from_args(args)
+    except ValueError as e:
+        sys.stderr.write(f"trident: error: {e}\n")
+        return 2
+    from trident.serve import serve
+
+    try:
+        return trio.run(serve, options)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Prometheus metrics on the metrics port, with Triton's ``nv_*`` family names and labels.
+
+The per-model counters are read from each serving version's statistics snapshot at scrape
+time (one source of truth with the statistics extension). GET only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import trio
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from trident.server import Server
+
+
+class ModelStatsCollector(Collector):
+    """Per-model families built from statistics snapshots."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Any]:
+        labels = ["model", "version"]
+        success = CounterMetricFamily("nv_inference_request_success",
+                                      "Number of successful inference requests, all batch sizes", labels=labels)
+        failure = CounterMetricFamily("nv_inference_request_failure",
+                                      "Number of failed inference requests, all batch sizes",
+                                      labels=[*labels, "reason"])
+        count = CounterMetricFamily("nv_inference_count",
+                                    "Number of inferences performed (does not include cached requests)", labels=labels)
+        execs = CounterMetricFamily("nv_inference_exec_count",
+                                    "Number of model executions performed (does not include cached requests)",
+                                    labels=labels)
+        pending = GaugeMetricFamily("nv_inference_pending_request_count",
+                                    "Instantaneous number of pending requests awaiting execution per-model.",
+                                    labels=labels)
+        durations = {
+            "request": CounterMetricFamily("nv_inference_request_duration_us",
+                                           "Cumulative inference request duration in microseconds (includes cached requests)",
+                                           labels=labels),
+            "queue": CounterMetricFamily("nv_inference_queue_duration_us",
+                                         "Cumulative inference queuing duration in microseconds (includes cached requests)",
+                                         labels=labels),
+            "compute_input": CounterMetricFamily("nv_inference_compute_input_duration_us",
+                                                 "Cumulative compute input duration in microseconds (does not include cached requests)",
+                                                 labels=labels),
+            "compute_infer": CounterMetricFamily("nv_inference_compute_infer_duration_us",
+                                                 "Cumulative compute inference duration in microseconds (does not include cached requests)",
+                                                 labels=labels),
+            "compute_output": CounterMetricFamily("nv_inference_compute_output_duration_us",
+                                                  "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+                                                  labels=labels),
+        }
+        for mv in self.server.repository.serving():
+            s = mv.stats.snapshot()
+            lv = [s.name, s.version]
+            success.add_metric(lv, s.success.count)
+            backend_failures = s.fail.count - s.cancelled
+            failure.add_metric([*lv, "REJECTED"], 0)
+            failure.add_metric([*lv, "CANCELED"], s.cancelled)
+            failure.add_metric([*lv, "BACKEND"], backend_failures)
+            failure.add_metric([*lv, "OTHER"], 0)
+            count.add_metric(lv, s.inference_count)
+            execs.add_metric(lv, s.execution_count)
+            pending.add_metric(lv, mv.queued())
+            durations["request"].add_metric(lv, (s.success.ns + s.fail.ns) // 1000)
+            durations["queue"].add_metric(lv, s.queue.ns // 1000)
+            durations["compute_input"].add_metric(lv, s.compute_input.ns // 1000)
+            durations["compute_infer"].add_metric(lv, s.compute_infer.ns // 1000)
+            durations["compute_output"].add_metric(lv, s.compute_output.ns // 1000)
+        yield from (success, failure, count, execs, pending, *durations.values())
+
+
+def make_registry(server: Server) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ModelStatsCollector(server))
+    return registry
+
+
+def make_metrics_app(server: Server) -> Any:
+    """The ASGI app of the metrics port."""
+    registry = make_registry(server)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        if scope["path"] != "/metrics":
+            status, body = 404, b"Not Found"
+        elif scope["method"] != "GET":
+            status, body = 405, b"Method Not Allowed"
+        else:
+            status, body = 200, generate_latest(registry)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+async def serve_metrics(server: Server, *, host: str, port: int,
+                        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve /metrics until cancelled; reports the bound port through ``task_status``."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    config = Config()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = None
+
+    class _Status:
+        def started(self, value: Any = None) -> None:
+            bound = value[0].rsplit(":", 1)[-1] if value else str(port)
+            task_status.started(int(bound))
+
+    await serve(make_metrics_app(server), config, task_status=_Status())  # type: ignore[arg-type]

@@ -1,0 +1,55 @@
+"""Server options: tritonserver's flag names and defaults, as one dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trident
+
+EXAMPLE_REPOSITORY = Path(trident.__file__).parent / "example_repository"
+
+
+@dataclass
+class ServerOptions:
+    model_repositories: list[str] = field(default_factory=lambda: [str(EXAMPLE_REPOSITORY)])
+    server_id: str = "triton"
+    # front ends
+    allow_http: bool = True
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    http_max_input_size: int = 64 * 1024 * 1024
+    allow_grpc: bool = True
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    grpc_use_ssl: bool = False
+    grpc_server_cert: str = ""
+    grpc_server_key: str = ""
+    grpc_root_cert: str = ""
+    grpc_max_message_size: int = 1024 * 1024 * 1024
+    allow_metrics: bool = True
+    allow_gpu_metrics: bool = True
+    allow_cpu_metrics: bool = True
+    metrics_address: str = ""
+    metrics_port: int = 8002
+    metrics_interval_ms: int = 2000
+    # repository and lifecycle
+    model_control_mode: str = "none"  # none | poll | explicit
+    load_models: list[str] = field(default_factory=list)
+    repository_poll_secs: float = 15.0
+    model_load_thread_count: int = 4
+    model_config_name: str = ""
+    disable_auto_complete_config: bool = False
+    strict_readiness: bool = True
+    exit_on_error: bool = False
+    exit_timeout_secs: float = 30.0
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    default_max_batch_size: int = 4
+    allow_client_shm: bool = False
+    # logging
+    log_verbose: int = 0
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_format: str = "default"
+    log_file: str = ""

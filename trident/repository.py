@@ -1,0 +1,416 @@
+"""Model repositories and model lifecycle: scan, load, reload, unload, index, poll.
+
+Every loaded :class:`~trident.model.ModelVersion` runs as a task in the repository's nursery
+(which outlives the front ends). A load prepares the config in a worker thread, starts every
+selected version and only then swaps them in, so a failed (re)load leaves the versions that
+were serving untouched and a successful one loses no availability. Unloading drains.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from trident import config as cfg
+from trident.backends import Backend, backend_name_for, get_backend
+from trident.errors import TritonError, invalid_arg, not_found, unavailable, unsupported
+from trident.model import ModelVersion
+from trident.protocol.generated.inference import ModelConfig
+
+if TYPE_CHECKING:
+    from trident.options import ServerOptions
+
+log = logging.getLogger("trident.repository")
+
+@dataclass
+class IndexEntry:
+    """One row of the repository index (Triton's RepositoryIndex)."""
+
+    name: str
+    version: str = ""
+    state: str = ""
+    reason: str = ""
+
+
+@dataclass
+class _Record:
+    name: str
+    path: Path | None
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)  # version -> reason; -1: the whole model
+    unloaded: set[int] = field(default_factory=set)
+    fingerprint: tuple[Any, ...] = ()
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    tmpdir: Path | None = None
+    loading: bool = False
+
+
+def _fingerprint(model_dir: Path) -> tuple[Any, ...]:
+    entries = []
+    for p in sorted(model_dir.rglob("*")):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        entries.append((str(p.relative_to(model_dir)), st.st_size, st.st_mtime_ns, p.is_dir()))
+    return tuple(entries)
+
+
+def check_model_name(name: str) -> None:
+    """Reject names that could escape a repository folder. Raises INVALID_ARG."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise invalid_arg(f"invalid model name '{name}'")
+
+
+class ModelRepository:
+    """All models of the server's repository paths and the control mode that governs them."""
+
+    def __init__(self, options: ServerOptions, nursery: trio.Nursery, server: Any = None) -> None:
+        self.options = options
+        self._nursery = nursery
+        self._server = server
+        self._records: dict[str, _Record] = {}
+
+    # ---- scanning -------------------------------------------------------------------------
+
+    def scan(self) -> dict[str, Path]:
+        """Model name -> folder over every repository path (duplicate names are refused)."""
+        found: dict[str, Path] = {}
+        duplicates: set[str] = set()
+        for repo in self.options.model_repositories:
+            root = Path(repo)
+            if not root.is_dir():
+                log.error("model repository '%s' is not a directory", repo)
+                continue
+            for child in sorted(root.iterdir()):
+                if not child.is_dir() or child.name.startswith("."):
+                    continue
+                if child.name in found:
+                    duplicates.add(child.name)
+                found[child.name] = child
+        for name in duplicates:
+            log.error("model '%s' appears in more than one model repository; it will not be loaded", name)
+            found.pop(name)
+            rec = self._record(name, None)
+            rec.failed = {-1: "model appears in more than one model repository"}
+        return found
+
+    def _record(self, name: str, path: Path | None) -> _Record:
+        rec = self._records.get(name)
+        if rec is None:
+            rec = self._records[name] = _Record(name, path)
+        elif path is not None:
+            rec.path = path
+        return rec
+
+    async def startup(self) -> None:
+        """Load what the control mode says to load at start-up (failures are recorded, not raised)."""
+        found = self.scan()
+        for name, path in found.items():
+            self._record(name, path)
+        mode = self.options.model_control_mode
+        if mode == "explicit":
+            wanted = self.options.load_models
+            names = list(found) if wanted == ["*"] else wanted
+        else:
+            names = list(found)
+        limiter = trio.CapacityLimiter(max(1, self.options.model_load_thread_count))
+
+        async def load_one(name: str) -> None:
+            async with limiter:
+                try:
+                    await self._load(name)
+                except TritonError as e:
+                    log.error("%s", e.message)
+
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(load_one, name)
+
+    # ---- load / unload --------------------------------------------------------------------
+
+    async def load(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        """The load API (explicit mode only): load or reload ``name``.
+
+        Raises TritonError: UNSUPPORTED outside explicit mode, INVALID_ARG for a bad name,
+        config or file path, or when the load fails (with the reason).
+        """
+        if self.options.model_control_mode != "explicit":
+            raise unsupported("explicit model load / unload is not allowed if polling is enabled"
+                              if self.options.model_control_mode == "poll"
+                              else "explicit model load / unload is not allowed if model control mode is not EXPLICIT")
+        check_model_name(name)
+        if files and not config:
+            raise invalid_arg(f"failed to load '{name}': file overrides need the 'config' parameter")
+        await self._load(name, config, files)
+
+    async def _load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        rec = self._records.get(name)
+        if rec is None or rec.path is None:
+            found = self.scan().get(name)
+            if found is None and not files:
+                raise invalid_arg(f"failed to load '{name}', failed to poll from model repository")
+            rec = self._record(name, found)
+        async with rec.lock:
+            rec.loading = True
+            try:
+                await self._load_locked(rec, config_json, files)
+            finally:
+                rec.loading = False
+
+    async def _load_locked(self, rec: _Record, config_json: str | None, files: dict[str, bytes] | None) -> None:
+        name = rec.name
+        started = time.monotonic()
+        model_dir = rec.path
+        tmpdir: Path | None = None
+        if files:
+            tmpdir = _write_override_files(name, files)
+            model_dir = tmpdir / name
+        elif config_json and model_dir is None:
+            raise invalid_arg(f"failed to load '{name}', failed to poll from model repository")
+        assert model_dir is not None
+        try:
+            config, backend = await trio.to_thread.run_sync(self._prepare_config, name, model_dir, config_json)
+            available = cfg.list_version_dirs(model_dir)
+            versions = cfg.select_versions(config.version_policy, available)
+            if not versions:
+                raise invalid_arg(
+                    f"at least one version must be available under the version policy of model '{name}'"
+                )
+        except TritonError as e:
+            rec.failed = {-1: e.message}
+            if tmpdir:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+            raise invalid_arg(f"load failed for model '{name}': {e.message}") from e
+        fresh: dict[int, ModelVersion] = {}
+        failures: dict[int, str] = {}
+
+        async def start_version(v: int) -> None:
+            mv = ModelVersion(name, v, config, backend, model_dir, backend_config=self._backend_config(backend),
+                              server=self._server)
+            try:
+                await self._nursery.start(mv.run)
+            except TritonError as e:
+                failures[v] = e.message
+            except Exception as e:  # a backend bug must not take the repository down
+                failures[v] = f"{type(e).__name__}: {e}"
+            else:
+                fresh[v] = mv
+
+        async with trio.open_nursery() as nursery:
+            for v in versions:
+                nursery.start_soon(start_version, v)
+        if failures:
+            for mv in fresh.values():
+                mv.request_unload()
+            if tmpdir:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+            if not rec.versions:
+                rec.failed = dict(failures)
+            detail = "; ".join(f"version {v} is at UNAVAILABLE state: {r}" for v, r in sorted(failures.items()))
+            raise invalid_arg(f"load failed for model '{name}': {detail}")
+        old = rec.versions
+        rec.versions = fresh
+        rec.failed = {}
+        rec.unloaded = set()
+        rec.fingerprint = _fingerprint(model_dir) if not files else ()
+        if rec.tmpdir and rec.tmpdir != tmpdir:
+            stale = rec.tmpdir
+            self._nursery.start_soon(self._unload_versions, list(old.values()), stale)
+        else:
+            self._nursery.start_soon(self._unload_versions, list(old.values()), None)
+        rec.tmpdir = tmpdir
+        log.info("successfully loaded '%s' version(s) %s in %.3f s", name, sorted(fresh), time.monotonic() - started)
+
+    def _prepare_config(self, name: str, model_dir: Path, config_json: str | None) -> tuple[ModelConfig, Backend]:
+        """Read, auto-complete, default and validate a model's config. Blocking (thread).
+
+        Raises TritonError (INVALID_ARG with file:line:col for a bad config.pbtxt, UNSUPPORTED
+        for an unknown backend).
+        """
+        config = cfg.config_from_json(config_json) if config_json else cfg.read_model_config(
+            model_dir, config_name=self.options.model_config_name)
+        # name, backend/platform from the files, version policy, instance groups...
+        config = cfg.complete_defaults(config, name, gpu_count=0, model_dir=model_dir)
+        backend = get_backend(backend_name_for(config.backend, config.platform))
+        if not self.options.disable_auto_complete_config:
+            versions = cfg.list_version_dirs(model_dir)
+            version_dir = model_dir / str(max(versions)) if versions else None
+            config = backend.auto_complete_config(config, model_dir, version_dir)
+            config = cfg.complete_defaults(config, name, gpu_count=0)
+        cfg.validate_config(config, name, model_dir)
+        return config, backend
+
+    def _backend_config(self, backend: Backend) -> dict[str, str]:
+        merged = dict(self.options.backend_config.get("", {}))
+        merged.update(self.options.backend_config.get(backend.name, {}))
+        return merged
+
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """The unload API (explicit mode only): drain and unload every version of ``name``.
+
+        Returns once the versions are unloaded. Raises TritonError UNSUPPORTED outside
+        explicit mode, INVALID_ARG for a bad name.
+        """
+        if self.options.model_control_mode != "explicit":
+            raise unsupported("explicit model load / unload is not allowed if model control mode is not EXPLICIT")
+        check_model_name(name)
+        rec = self._records.get(name)
+        if rec is None:
+            raise invalid_arg(f"failed to unload '{name}', model is not found in the repository")
+        async with rec.lock:
+            await self._unload_record(rec)
+
+    async def _unload_record(self, rec: _Record) -> None:
+        old = list(rec.versions.values())
+        rec.unloaded = set(rec.versions) | {v for v in rec.failed if v >= 0}
+        rec.versions = {}
+        rec.failed = {}
+        tmp, rec.tmpdir = rec.tmpdir, None
+        await self._unload_versions(old, tmp)
+        log.info("successfully unloaded '%s'", rec.name)
+
+    async def _unload_versions(self, versions: list[ModelVersion], tmpdir: Path | None) -> None:
+        for mv in versions:
+            mv.request_unload()
+        for mv in versions:
+            await mv.stopped.wait()
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+    async def unload_all(self) -> None:
+        """Drain and unload every model (server shutdown)."""
+        async with trio.open_nursery() as nursery:
+            for rec in list(self._records.values()):
+                nursery.start_soon(self._unload_record, rec)
+
+    # ---- polling --------------------------------------------------------------------------
+
+    async def poll_forever(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Rescan every ``repository_poll_secs``: load new and changed models, unload removed ones."""
+        task_status.started()
+        while True:
+            await trio.sleep(self.options.repository_poll_secs)
+            await self.poll_once()
+
+    async def poll_once(self) -> None:
+        found = self.scan()
+        for name, path in found.items():
+            rec = self._records.get(name)
+            if rec is not None and rec.loading:
+                continue
+            fingerprint = await trio.to_thread.run_sync(_fingerprint, path)
+            if rec is not None and rec.fingerprint == fingerprint:
+                continue
+            if rec is not None and not rec.fingerprint and rec.failed and rec.path == path:
+                rec.fingerprint = fingerprint
+            try:
+                await self._load(name)
+            except TritonError as e:
+                log.error("%s", e.message)
+            finally:
+                self._record(name, path).fingerprint = fingerprint
+        for name in [n for n, r in self._records.items() if r.path is not None and n not in found]:
+            rec = self._records[name]
+            async with rec.lock:
+                await self._unload_record(rec)
+            rec.path = None
+
+    # ---- lookups --------------------------------------------------------------------------
+
+    def get(self, name: str, version: str = "") -> ModelVersion:
+        """The serving version (highest READY one when ``version`` is "").
+
+        Raises TritonError: NOT_FOUND for an unknown model or version, UNAVAILABLE for a
+        model that is not serving (with the reason it failed), INVALID_ARG for a bad version.
+        """
+        rec = self._records.get(name)
+        if rec is None or (not rec.versions and not rec.failed and not rec.unloaded and rec.path is None):
+            raise not_found(f"Request for unknown model: '{name}' is not found")
+        if version:
+            if not version.isdigit():
+                raise invalid_arg(f"invalid model version '{version}' for model '{name}'")
+            v = int(version)
+            mv = rec.versions.get(v)
+            if mv is None:
+                if v in rec.failed:
+                    raise unavailable(f"model '{name}' version {v} is not available: {rec.failed[v]}")
+                raise not_found(f"Request for unknown model: '{name}' version {v} is not found")
+            if mv.state != "READY":
+                raise unavailable(f"model '{name}' version {v} is not ready (state {mv.state})")
+            return mv
+        ready = [mv for mv in rec.versions.values() if mv.state == "READY"]
+        if not ready:
+            reason = rec.failed.get(-1) or next(iter(rec.failed.values()), "") or "model is not loaded"
+            raise unavailable(f"model '{name}' is not available: {reason}")
+        return max(ready, key=lambda mv: mv.version)
+
+    def names(self) -> list[str]:
+        return sorted(self._records)
+
+    def serving(self) -> list[ModelVersion]:
+        return [mv for rec in self._records.values() for mv in rec.versions.values()]
+
+    def all_ready(self) -> bool:
+        """True when every model that should be serving is (strict readiness)."""
+        for rec in self._records.values():
+            if rec.failed or rec.loading:
+                return False
+            if any(mv.state != "READY" for mv in rec.versions.values()):
+                return False
+        return True
+
+    def index(self, ready: bool = False) -> list[IndexEntry]:
+        rows: list[IndexEntry] = []
+        for name in sorted(self._records):
+            rec = self._records[name]
+            versions = {v: (mv.state, mv.reason) for v, mv in rec.versions.items()}
+            for v, reason in rec.failed.items():
+                if v >= 0:
+                    versions[v] = ("UNAVAILABLE", reason)
+            for v in rec.unloaded:
+                versions.setdefault(v, ("UNAVAILABLE", "unloaded"))
+            if not versions:
+                if ready:
+                    continue
+                if -1 in rec.failed:
+                    rows.append(IndexEntry(name, "", "UNAVAILABLE", rec.failed[-1]))
+                elif rec.loading:
+                    rows.append(IndexEntry(name, "", "LOADING", ""))
+                else:
+                    rows.append(IndexEntry(name))
+                continue
+            for v in sorted(versions):
+                state, reason = versions[v]
+                if ready and state != "READY":
+                    continue
+                rows.append(IndexEntry(name, str(v), state, reason))
+        return rows
+
+
+def _write_override_files(name: str, files: dict[str, bytes]) -> Path:
+    """Write ``file:<version>/<path>`` overrides into a fresh folder; refuse escaping paths."""
+    tmp = Path(tempfile.mkdtemp(prefix="trident-override-"))
+    root = tmp / name
+    root.mkdir()
+    try:
+        for rel, data in files.items():
+            p = PurePosixPath(rel)
+            if p.is_absolute() or not p.parts or any(part in ("..", "", ".") for part in p.parts) or "\\" in rel:
+                raise invalid_arg(f"invalid file override path '{rel}' for model '{name}'")
+            target = (root / Path(*p.parts)).resolve()
+            if root.resolve() not in target.parents:
+                raise invalid_arg(f"file override path '{rel}' escapes the folder of model '{name}'")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp

@@ -1,0 +1,70 @@
+"""``trident serve``: the server plus its front ends, until SIGINT/SIGTERM.
+
+Nursery tree: ``open_server`` (repository nursery: models) > front-ends nursery (HTTP, gRPC,
+metrics). A signal marks the server as stopping (new inferences get UNAVAILABLE, readiness
+goes false), waits up to ``exit_timeout_secs`` for in-flight requests, cancels the front ends,
+then ``open_server`` unloads the models.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from functools import partial
+
+import trio
+
+from trident.logs import LogSettings
+from trident.options import ServerOptions
+from trident.server import Server, open_server
+
+log = logging.getLogger("trident.serve")
+
+
+async def _start_front_ends(server: Server, nursery: trio.Nursery) -> None:
+    opts = server.options
+    if opts.allow_grpc:
+        from trident.grpc.serve import serve_grpc
+
+        port = await nursery.start(partial(serve_grpc, server, host=opts.grpc_address, port=opts.grpc_port))
+        log.info("Started GRPCInferenceService at %s:%s", opts.grpc_address, port)
+    if opts.allow_http:
+        from trident.http.serve import serve_http
+
+        port = await nursery.start(partial(serve_http, server, host=opts.http_address, port=opts.http_port))
+        log.info("Started HTTPService at %s:%s", opts.http_address, port)
+    if opts.allow_metrics:
+        from trident.metrics import serve_metrics
+
+        port = await nursery.start(partial(serve_metrics, server, host=opts.metrics_address, port=opts.metrics_port))
+        log.info("Started Metrics Service at %s:%s", opts.metrics_address, port)
+
+
+async def serve(options: ServerOptions) -> int:
+    """Run until SIGINT or SIGTERM; returns the process exit status."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        log_settings = LogSettings.from_options(options)
+        log_settings.install()
+        async with open_server(options, log_settings) as server:
+            failed = [e for e in server.repository_index() if e.state == "UNAVAILABLE" and e.reason != "unloaded"]
+            if failed and options.exit_on_error:
+                for e in failed:
+                    log.error("failed to load '%s': %s", e.name, e.reason)
+                log.error("exiting: --exit-on-error is set and a model failed to load")
+                return 1
+            async with trio.open_nursery() as front_ends:
+                try:
+                    await _start_front_ends(server, front_ends)
+                except OSError as e:
+                    log.error("failed to start a front end: %s", e)
+                    front_ends.cancel_scope.cancel()
+                    return 1
+                async for signum in signals:
+                    log.info("signal (%d) received, waiting for in-flight inferences to complete", signum)
+                    break
+                server.stopping = True
+                if not await server.wait_drained(options.exit_timeout_secs):
+                    log.warning("exit timeout (%.0f s) expired with requests in flight", options.exit_timeout_secs)
+                front_ends.cancel_scope.cancel()
+    log.info("server stopped")
+    return 0

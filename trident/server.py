@@ -1,0 +1,239 @@
+"""The server: its nursery tree and the operations every front end calls.
+
+``open_server`` owns the repository nursery; front ends run in a nursery inside it, so on
+shutdown they stop first, in-flight requests drain (``exit_timeout_secs``) and only then are the
+models unloaded. :class:`Server` is the single facade the HTTP and gRPC front ends (and
+in-process users) call; it raises :class:`~trident.errors.TritonError` and never names a status.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+import trident
+from trident.errors import TritonError, invalid_arg, not_found, unavailable, unsupported
+from trident.logs import LogSettings
+from trident.model import ModelVersion
+from trident.options import ServerOptions
+from trident.protocol.generated.inference import ModelConfig
+from trident.repository import IndexEntry, ModelRepository
+from trident.stats import ModelStatistics
+from trident.trace import TraceSettings
+from trident.types import InferenceRequest, InferenceResponse
+
+log = logging.getLogger("trident.server")
+
+EXTENSIONS = [
+    "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "trace",
+    "logging",
+]
+
+SendResponse = Callable[[InferenceResponse], Awaitable[None]]
+
+
+class Server:
+    """What a Triton server answers, independent of the wire."""
+
+    def __init__(self, options: ServerOptions, repository_nursery: trio.Nursery,
+                 log_settings: LogSettings | None = None) -> None:
+        self.options = options
+        self.repository = ModelRepository(options, repository_nursery, server=self)
+        self.logging = log_settings or LogSettings.from_options(options)
+        self.tracing = TraceSettings()
+        self.stopping = False
+        self._inflight = 0
+        self._drained = trio.Event()
+        self._drained.set()
+
+    # ---- health and metadata --------------------------------------------------------------
+
+    def is_live(self) -> bool:
+        return True
+
+    def is_ready(self) -> bool:
+        if self.stopping:
+            return False
+        return self.repository.all_ready() if self.options.strict_readiness else True
+
+    def metadata(self) -> dict[str, Any]:
+        return {"name": self.options.server_id, "version": trident.__version__, "extensions": list(EXTENSIONS)}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            return self.repository.get(name, version).is_ready()
+        except TritonError:
+            return False
+
+    def _get(self, name: str, version: str) -> ModelVersion:
+        if not name:
+            raise invalid_arg("model name is required")
+        return self.repository.get(name, version)
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        """KServe model metadata. Raises TritonError NOT_FOUND / UNAVAILABLE."""
+        mv = self._get(name, version)
+        versions = sorted(v.version for v in self.repository.serving() if v.name == name and v.state == "READY")
+        batch = [-1] if mv.max_batch_size > 0 else []
+        return {
+            "name": name,
+            "versions": [str(v) for v in versions] if not version else [str(mv.version)],
+            "platform": mv.platform,
+            "inputs": [{"name": s.name, "datatype": s.datatype, "shape": batch + s.dims} for s in mv.inputs.values()],
+            "outputs": [{"name": s.name, "datatype": s.datatype, "shape": batch + s.dims} for s in mv.outputs.values()],
+        }
+
+    def model_input_info(self, name: str, version: str = "") -> list[tuple[str, str, list[int]]]:
+        """(name, datatype, full shape) of each input, for the raw binary request body."""
+        mv = self._get(name, version)
+        batch = [-1] if mv.max_batch_size > 0 else []
+        return [(s.name, s.datatype, batch + s.dims) for s in mv.inputs.values()]
+
+    def model_config(self, name: str, version: str = "") -> ModelConfig:
+        """The model's final config. Raises TritonError NOT_FOUND / UNAVAILABLE."""
+        return self._get(name, version).config
+
+    def model_statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
+        """Statistics of every serving version, of one model, or of one version."""
+        if not name:
+            if version:
+                raise invalid_arg("model version given without a model name")
+            return [mv.stats.snapshot() for mv in sorted(self.repository.serving(), key=lambda m: (m.name, m.version))]
+        mv = self._get(name, version)
+        if version:
+            return [mv.stats.snapshot()]
+        ready = [v for v in self.repository.serving() if v.name == name]
+        if not ready:
+            raise not_found(f"requested model '{name}' is not found")
+        return [v.stats.snapshot() for v in sorted(ready, key=lambda m: m.version)]
+
+    # ---- repository -----------------------------------------------------------------------
+
+    def repository_index(self, ready: bool = False) -> list[IndexEntry]:
+        return self.repository.index(ready)
+
+    async def load_model(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        """Load or reload a model (explicit mode). Raises TritonError with the reason."""
+        await self.repository.load(name, config, files)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Drain and unload a model (explicit mode). Raises TritonError."""
+        await self.repository.unload(name, unload_dependents)
+
+    # ---- inference ------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        if self.stopping:
+            raise unavailable("Server is stopping")
+        self._inflight += 1
+        if self._inflight == 1:
+            self._drained = trio.Event()
+
+    def _release(self) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            self._drained.set()
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """Run a request that must give exactly one response.
+
+        Raises TritonError: NOT_FOUND / UNAVAILABLE for the model, INVALID_ARG for the
+        request, UNSUPPORTED for decoupled models, the model's error for a failed execution.
+        Cancellation: cancelling the caller cancels the request (dropped if still queued).
+        """
+        mv = self.repository.get(request.model_name, request.model_version)
+        if mv.decoupled:
+            raise unsupported("HTTP end point doesn't support models with decoupled transaction policy")
+        self._admit()
+        try:
+            result: list[InferenceResponse] = []
+
+            async def keep(response: InferenceResponse) -> None:
+                result.append(response)
+
+            await mv.infer_stream(request, keep)
+        finally:
+            self._release()
+        response = result[-1]
+        if response.error is not None:
+            raise response.error
+        return response
+
+    async def infer_stream(self, request: InferenceRequest, send: SendResponse) -> None:
+        """Run a request and ``await send(response)`` for each of its responses (last is final).
+
+        Raises TritonError for errors before the first response; later errors arrive as
+        responses with ``error`` set. Cancellation: as :meth:`infer`.
+        """
+        mv = self.repository.get(request.model_name, request.model_version)
+        self._admit()
+        try:
+            await mv.infer_stream(request, send)
+        finally:
+            self._release()
+
+    async def wait_drained(self, timeout: float) -> bool:
+        """Wait until no request is in flight or ``timeout`` seconds pass; True if drained."""
+        with trio.move_on_after(timeout):
+            await self._drained.wait()
+            return True
+        return False
+
+    # ---- logging and trace settings -------------------------------------------------------
+
+    def log_settings(self) -> dict[str, Any]:
+        return self.logging.as_dict()
+
+    def update_log_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+        return self.logging.update(settings)
+
+    def trace_settings(self, model: str = "") -> dict[str, Any]:
+        if model:
+            self._check_model_known(model)
+        return self.tracing.get(model)
+
+    def update_trace_settings(self, model: str, settings: dict[str, Any]) -> dict[str, Any]:
+        if model:
+            self._check_model_known(model)
+        return self.tracing.update(model, settings)
+
+    def _check_model_known(self, model: str) -> None:
+        if model not in self.repository.names():
+            raise not_found(f"Request for unknown model: '{model}' is not found")
+
+
+@asynccontextmanager
+async def open_server(options: ServerOptions | None = None,
+                      log_settings: LogSettings | None = None) -> AsyncIterator[Server]:
+    """A running server without front ends (in-process use and the base of ``serve``).
+
+    Loads the models the control mode asks for before yielding; on exit drains in-flight
+    requests (up to ``exit_timeout_secs``) and unloads every model.
+    """
+    options = options or ServerOptions()
+    async with trio.open_nursery() as repository_nursery:
+        server = Server(options, repository_nursery, log_settings)
+        await server.repository.startup()
+        if options.model_control_mode == "poll":
+            await repository_nursery.start(server.repository.poll_forever)
+        try:
+            yield server
+        finally:
+            server.stopping = True
+            with trio.CancelScope(shield=True):
+                if not await server.wait_drained(options.exit_timeout_secs):
+                    log.warning("exit timeout expired with %d request(s) in flight", server._inflight)
+                with trio.move_on_after(options.exit_timeout_secs):
+                    await server.repository.unload_all()
+            repository_nursery.cancel_scope.cancel()

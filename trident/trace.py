@@ -1,0 +1,77 @@
+"""Trace settings (the trace extension): global values and per-model overrides.
+
+Values are kept in Triton's wire form: ``trace_level`` a list of strings, the others strings.
+A per-model key set to ``None`` falls back to the global value. This module validates and
+stores the settings that GET/POST ``/v2[/models/<m>]/trace/setting`` and the TraceSetting RPC
+read and change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trident.errors import invalid_arg
+
+_LEVELS = {"OFF", "TIMESTAMPS", "TENSORS"}
+_KEYS = ("trace_file", "trace_level", "trace_rate", "trace_count", "log_frequency", "trace_mode")
+
+
+def _normalize(key: str, value: Any) -> Any:
+    if key not in _KEYS:
+        raise invalid_arg(f"unknown trace setting '{key}'")
+    values = value if isinstance(value, list) else [value]
+    values = [str(v).lower() if isinstance(v, bool) else str(v) for v in values]
+    if key == "trace_level":
+        for v in values:
+            if v not in _LEVELS:
+                raise invalid_arg(f"invalid trace level '{v}'; expect one of OFF, TIMESTAMPS, TENSORS")
+        if "OFF" in values and len(values) > 1:
+            raise invalid_arg("trace level 'OFF' can not be combined with other levels")
+        return values
+    if len(values) != 1:
+        raise invalid_arg(f"trace setting '{key}' takes a single value")
+    v = values[0]
+    if key in ("trace_rate", "log_frequency"):
+        if not v.isdigit():
+            raise invalid_arg(f"unable to parse '{key}', got: {v}")
+    elif key == "trace_count":
+        if not (v.isdigit() or v == "-1"):
+            raise invalid_arg(f"unable to parse 'trace_count', got: {v}; expect -1 or a non-negative integer")
+    elif key == "trace_mode" and v not in ("triton", "opentelemetry"):
+        raise invalid_arg(f"invalid trace mode '{v}'")
+    return v
+
+
+class TraceSettings:
+    def __init__(self) -> None:
+        self.global_settings: dict[str, Any] = {
+            "trace_file": "",
+            "trace_level": ["OFF"],
+            "trace_rate": "1000",
+            "trace_count": "-1",
+            "log_frequency": "0",
+            "trace_mode": "triton",
+        }
+        self.model_settings: dict[str, dict[str, Any]] = {}
+
+    def get(self, model: str = "") -> dict[str, Any]:
+        merged = dict(self.global_settings)
+        merged.update(self.model_settings.get(model, {}))
+        return merged
+
+    def update(self, model: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """Apply changes (``None`` clears a per-model key); raises INVALID_ARG on bad input."""
+        normalized = {k: (None if v is None else _normalize(k, v)) for k, v in changes.items()}
+        if model:
+            own = self.model_settings.setdefault(model, {})
+            for k, v in normalized.items():
+                if v is None:
+                    own.pop(k, None)
+                else:
+                    own[k] = v
+        else:
+            for k, v in normalized.items():
+                if v is None:
+                    raise invalid_arg(f"global trace setting '{k}' can not be cleared")
+                self.global_settings[k] = v
+        return self.get(model)
