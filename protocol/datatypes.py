@@ -79,6 +79,8 @@ def datatype_of(array: np.ndarray) -> str:
     dt = array.dtype
     if dt.kind in ("S", "U", "O"):
         return "BYTES"
+    if dt.name == "bfloat16":  # ml_dtypes.bfloat16 (what tritonclient uses)
+        return "BF16"
     try:
         return _NP_TO_API[dt.newbyteorder("=") if dt.byteorder == ">" else dt]
     except KeyError:

@@ -259,6 +259,10 @@ class ModelVersion:
         response.id = request.id
         if response.error is not None:
             return response
+        for tensor in response.outputs:
+            spec = self.outputs.get(tensor.name)
+            if spec is not None and spec.datatype == "BF16" and tensor.datatype == "UINT16":
+                tensor.datatype = "BF16"  # trident's BF16 representation is uint16 bit patterns
         if request.outputs:
             produced = {t.name: t for t in response.outputs}
             selected: list[Tensor] = []

@@ -20,6 +20,7 @@ import trio
 
 from trident import config as cfg
 from trident.backends import Backend, backend_name_for, get_backend
+from trident.config_validation import validate_config
 from trident.errors import TritonError, invalid_arg, not_found, unavailable, unsupported
 from trident.model import ModelVersion
 from trident.protocol.generated.inference import ModelConfig
@@ -245,7 +246,7 @@ class ModelRepository:
             version_dir = model_dir / str(max(versions)) if versions else None
             config = backend.auto_complete_config(config, model_dir, version_dir)
             config = cfg.complete_defaults(config, name, gpu_count=0)
-        cfg.validate_config(config, name, model_dir)
+        validate_config(config, name, model_dir)
         return config, backend
 
     def _backend_config(self, backend: Backend) -> dict[str, str]:

@@ -21,7 +21,8 @@ from trident.server import Server, open_server
 log = logging.getLogger("trident.serve")
 
 
-async def _start_front_ends(server: Server, nursery: trio.Nursery) -> None:
+async def _start_front_ends(server: Server, nursery: trio.Nursery, http_nursery: trio.Nursery,
+                            shutdown: trio.Event) -> None:
     opts = server.options
     if opts.allow_grpc:
         from trident.grpc.serve import serve_grpc
@@ -31,7 +32,8 @@ async def _start_front_ends(server: Server, nursery: trio.Nursery) -> None:
     if opts.allow_http:
         from trident.http.serve import serve_http
 
-        port = await nursery.start(partial(serve_http, server, host=opts.http_address, port=opts.http_port))
+        port = await http_nursery.start(partial(serve_http, server, host=opts.http_address, port=opts.http_port,
+                                                shutdown_trigger=shutdown.wait))
         log.info("Started HTTPService at %s:%s", opts.http_address, port)
     if opts.allow_metrics:
         from trident.metrics import serve_metrics
@@ -52,19 +54,26 @@ async def serve(options: ServerOptions) -> int:
                     log.error("failed to load '%s': %s", e.name, e.reason)
                 log.error("exiting: --exit-on-error is set and a model failed to load")
                 return 1
-            async with trio.open_nursery() as front_ends:
-                try:
-                    await _start_front_ends(server, front_ends)
-                except OSError as e:
-                    log.error("failed to start a front end: %s", e)
+            shutdown = trio.Event()
+            # HTTP stops by itself once triggered (hypercorn finishes open responses); gRPC and
+            # metrics are cancelled after the drain (gRPC sends GOAWAY and drains its calls)
+            async with trio.open_nursery() as http_nursery:
+                async with trio.open_nursery() as front_ends:
+                    try:
+                        await _start_front_ends(server, front_ends, http_nursery, shutdown)
+                    except OSError as e:
+                        log.error("failed to start a front end: %s", e)
+                        front_ends.cancel_scope.cancel()
+                        http_nursery.cancel_scope.cancel()
+                        return 1
+                    async for signum in signals:
+                        log.info("signal (%d) received, waiting for in-flight inferences to complete", signum)
+                        break
+                    server.stopping = True
+                    shutdown.set()
+                    if not await server.wait_drained(options.exit_timeout_secs):
+                        log.warning("exit timeout (%.0f s) expired with requests in flight", options.exit_timeout_secs)
                     front_ends.cancel_scope.cancel()
-                    return 1
-                async for signum in signals:
-                    log.info("signal (%d) received, waiting for in-flight inferences to complete", signum)
-                    break
-                server.stopping = True
-                if not await server.wait_drained(options.exit_timeout_secs):
-                    log.warning("exit timeout (%.0f s) expired with requests in flight", options.exit_timeout_secs)
-                front_ends.cancel_scope.cancel()
+                http_nursery.cancel_scope.deadline = trio.current_time() + options.exit_timeout_secs
     log.info("server stopped")
     return 0

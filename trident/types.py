@@ -40,7 +40,9 @@ class Tensor:
     def from_numpy(cls, name: str, array: np.ndarray, datatype: str | None = None) -> Tensor:
         """Wrap an array without copying (BYTES from str/bytes arrays are converted)."""
         dt = datatype or datatypes.datatype_of(array)
-        if dt == "BYTES" and array.dtype != object:
+        if dt == "BF16" and array.dtype.name == "bfloat16":
+            array = array.view(np.uint16)
+        elif dt == "BYTES" and array.dtype != object:
             flat = datatypes.to_bytes_array(array.reshape(-1).tolist())
             array = flat.reshape(array.shape)
         return cls(name, dt, tuple(int(d) for d in array.shape), array)

@@ -1,0 +1,560 @@
+"""Hot-path protobuf codec: ModelInferRequest -> InferenceRequest, InferenceResponse -> ModelInferResponse.
+
+ModelInfer and ModelStreamInfer carry every tensor, so they skip generated message classes
+(betterproto2 costs ~100x google's upb per message, design.md §6) and go straight between the
+protobuf wire format (field numbers of ``grpc_service.proto``) and trident's core types:
+
+* :func:`decode_model_infer_request`: ``raw_input_contents`` become numpy arrays over the
+  received buffer (``np.frombuffer``, no copy); ``InferTensorContents`` are converted to numpy
+  (packed varints decoded vectorised); BYTES raw data is the 4-byte-length-prefixed form;
+  FP16 and BF16 are accepted only as raw data (there is no contents field for them).
+* :func:`encode_model_infer_response` / :func:`encode_model_stream_infer_response` return the
+  message as a list of buffers and its size: tensor data appears in that list as views of the
+  output arrays, so joining the parts (with the gRPC prefix, :func:`trident.protocol.grpc_framing.frame`)
+  is the only copy of each output tensor's bytes.
+
+Raises :class:`DecodeError` (a ValueError) for bytes that are not a valid message and
+:class:`~trident.errors.TritonError` INVALID_ARG / UNSUPPORTED for a valid message that is not a
+valid request, with Triton's wording.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+from trident.errors import invalid_arg, unsupported
+from trident.protocol import datatypes
+from trident.types import InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
+
+Buffer = bytes | bytearray | memoryview
+Parts = list[Any]  # bytes-like buffers and 1-D uint8 arrays: b"".join(parts) is the message
+
+
+class DecodeError(ValueError):
+    """The bytes are not a valid protobuf encoding of the expected message."""
+
+
+# ---- wire primitives ------------------------------------------------------------------------
+
+_U64 = (1 << 64) - 1
+_I64_MAX = (1 << 63) - 1
+_DOUBLE = struct.Struct("<d")
+_FLOAT = struct.Struct("<f")
+_LEN = struct.Struct("<I")
+
+
+def _varint(buf: Buffer, pos: int) -> tuple[int, int]:
+    """Decode a varint at ``pos``; returns (value, next position). IndexError when truncated."""
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    result = b & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result & _U64, pos
+        shift += 7
+        if shift >= 70:
+            raise DecodeError("varint longer than 10 bytes")
+
+
+def _skip(buf: Buffer, pos: int, wire_type: int) -> int:
+    if wire_type == 0:
+        return _varint(buf, pos)[1]
+    if wire_type == 1:
+        return pos + 8
+    if wire_type == 2:
+        n, pos = _varint(buf, pos)
+        return pos + n
+    if wire_type == 5:
+        return pos + 4
+    raise DecodeError(f"unsupported protobuf wire type {wire_type}")
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value > _I64_MAX else value
+
+
+def _text(view: memoryview, start: int, stop: int) -> str:
+    return str(view[start:stop], "utf-8")
+
+
+def _decode_packed_varints(view: memoryview) -> np.ndarray:
+    """A packed run of varints -> uint64 array, vectorised (no per-element Python work)."""
+    b = np.frombuffer(view, dtype=np.uint8)
+    if b.size == 0:
+        return np.empty(0, dtype=np.uint64)
+    ends = b < 0x80
+    if not ends[-1]:
+        raise DecodeError("truncated packed varint")
+    if ends.all():
+        return b.astype(np.uint64)
+    last = np.flatnonzero(ends)
+    first = np.empty_like(last)
+    first[0] = 0
+    first[1:] = last[:-1] + 1
+    lengths = last - first + 1
+    if int(lengths.max()) > 10:
+        raise DecodeError("varint longer than 10 bytes")
+    position = np.arange(b.size, dtype=np.uint64) - np.repeat(first, lengths).astype(np.uint64)
+    groups = (b & 0x7F).astype(np.uint64) << (position * np.uint64(7))
+    return np.add.reduceat(groups, first)
+
+
+# ---- decoding ModelInferRequest ---------------------------------------------------------------
+
+
+def _parameter(buf: Buffer, view: memoryview, pos: int, stop: int) -> tuple[str, ParamValue | None]:
+    """One map<string, InferParameter> entry -> (key, value); value None when no choice is set."""
+    key = ""
+    value: ParamValue | None = None
+    while pos < stop:
+        tag, pos = _varint(buf, pos)
+        if tag == 0x0A:
+            n, pos = _varint(buf, pos)
+            key = _text(view, pos, pos + n)
+            pos += n
+        elif tag == 0x12:
+            n, pos = _varint(buf, pos)
+            end = pos + n
+            value = None
+            while pos < end:
+                inner, pos = _varint(buf, pos)
+                if inner == 0x08:
+                    v, pos = _varint(buf, pos)
+                    value = v != 0
+                elif inner == 0x10:
+                    v, pos = _varint(buf, pos)
+                    value = _signed(v)
+                elif inner == 0x1A:
+                    n, pos = _varint(buf, pos)
+                    value = _text(view, pos, pos + n)
+                    pos += n
+                elif inner == 0x21:
+                    value = _DOUBLE.unpack_from(buf, pos)[0]
+                    pos += 8
+                elif inner == 0x28:
+                    value, pos = _varint(buf, pos)
+                else:
+                    pos = _skip(buf, pos, inner & 7)
+            if pos != end:
+                raise DecodeError("truncated InferParameter")
+        else:
+            pos = _skip(buf, pos, tag & 7)
+    if pos != stop:
+        raise DecodeError("truncated parameter map entry")
+    return key, value
+
+
+class _Input:
+    __slots__ = ("name", "datatype", "shape", "parameters", "contents")
+
+    def __init__(self) -> None:
+        self.name = ""
+        self.datatype = ""
+        self.shape: list[int] = []
+        self.parameters: dict[str, ParamValue] = {}
+        self.contents: list[tuple[int, int]] | None = None  # spans of InferTensorContents
+
+
+def _shape(buf: Buffer, view: memoryview, tag: int, pos: int, into: list[int]) -> int:
+    if tag & 7 == 2:
+        n, pos = _varint(buf, pos)
+        end = pos + n
+        while pos < end:
+            v, pos = _varint(buf, pos)
+            into.append(_signed(v))
+        if pos != end:
+            raise DecodeError("truncated shape")
+        return pos
+    v, pos = _varint(buf, pos)
+    into.append(_signed(v))
+    return pos
+
+
+def _input(buf: Buffer, view: memoryview, pos: int, stop: int, outputs: bool = False) -> _Input:
+    """InferInputTensor (or, with ``outputs``, InferRequestedOutputTensor: name=1, parameters=2)."""
+    t = _Input()
+    params_tag = 0x12 if outputs else 0x22
+    while pos < stop:
+        tag, pos = _varint(buf, pos)
+        if tag == 0x0A:
+            n, pos = _varint(buf, pos)
+            t.name = _text(view, pos, pos + n)
+            pos += n
+        elif tag == params_tag:
+            n, pos = _varint(buf, pos)
+            key, value = _parameter(buf, view, pos, pos + n)
+            if value is not None:
+                t.parameters[key] = value
+            pos += n
+        elif outputs:
+            pos = _skip(buf, pos, tag & 7)
+        elif tag == 0x12:
+            n, pos = _varint(buf, pos)
+            t.datatype = _text(view, pos, pos + n)
+            pos += n
+        elif tag == 0x1A or tag == 0x18:
+            pos = _shape(buf, view, tag, pos, t.shape)
+        elif tag == 0x2A:
+            n, pos = _varint(buf, pos)
+            if t.contents is None:
+                t.contents = []
+            t.contents.append((pos, pos + n))
+            pos += n
+        else:
+            pos = _skip(buf, pos, tag & 7)
+    if pos != stop:
+        raise DecodeError("truncated tensor message")
+    return t
+
+
+def decode_model_infer_request(data: Buffer) -> InferenceRequest:
+    """Decode a serialized ``inference.ModelInferRequest`` into an :class:`InferenceRequest`.
+
+    Raw tensor data is not copied: the arrays view ``data`` (pass a ``bytearray`` for writable
+    arrays). Raises DecodeError for malformed bytes, TritonError INVALID_ARG for an invalid
+    request (data missing, sizes that do not match shapes, contents of the wrong type),
+    TritonError UNSUPPORTED for shared-memory inputs.
+    """
+    view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
+    buf = data if not isinstance(data, memoryview) else view
+    try:
+        model_name = model_version = request_id = ""
+        parameters: dict[str, ParamValue] = {}
+        inputs: list[_Input] = []
+        outputs: list[_Input] = []
+        raw: list[memoryview] = []
+        pos = 0
+        end = len(view)
+        while pos < end:
+            tag = buf[pos]
+            if tag < 0x80:
+                pos += 1
+            else:
+                tag, pos = _varint(buf, pos)
+            if tag & 7 != 2:
+                pos = _skip(buf, pos, tag & 7)
+                continue
+            n = buf[pos]
+            if n < 0x80:
+                pos += 1
+            else:
+                n, pos = _varint(buf, pos)
+            stop = pos + n
+            if stop > end:
+                raise DecodeError("truncated ModelInferRequest")
+            field = tag >> 3
+            if field == 7:
+                raw.append(view[pos:stop])
+            elif field == 5:
+                inputs.append(_input(buf, view, pos, stop))
+            elif field == 1:
+                model_name = _text(view, pos, stop)
+            elif field == 2:
+                model_version = _text(view, pos, stop)
+            elif field == 3:
+                request_id = _text(view, pos, stop)
+            elif field == 4:
+                key, value = _parameter(buf, view, pos, stop)
+                if value is not None:
+                    parameters[key] = value
+            elif field == 6:
+                outputs.append(_input(buf, view, pos, stop, outputs=True))
+            pos = stop
+        if pos != end:
+            raise DecodeError("truncated ModelInferRequest")
+        tensors = _tensors(buf, view, model_name, inputs, raw)
+    except (IndexError, struct.error) as e:
+        raise DecodeError(f"truncated ModelInferRequest: {e}") from None
+    except UnicodeDecodeError as e:
+        raise DecodeError(f"string field is not valid UTF-8: {e}") from None
+    return InferenceRequest(
+        model_name=model_name,
+        inputs=tensors,
+        model_version=model_version,
+        id=request_id,
+        outputs=[RequestedOutput(o.name, o.parameters) for o in outputs],
+        parameters=parameters,
+    )
+
+
+def _tensors(buf: Buffer, view: memoryview, model: str, inputs: list[_Input], raw: list[memoryview]) -> list[Tensor]:
+    if raw and len(raw) != len(inputs):
+        raise invalid_arg(
+            f"expected {len(inputs)} inputs but got {len(raw)} raw input contents for model '{model}'"
+        )
+    out: list[Tensor] = []
+    for index, t in enumerate(inputs):
+        try:
+            dtype = datatypes.numpy_dtype(t.datatype)
+        except KeyError:
+            raise invalid_arg(f"invalid datatype '{t.datatype}' for input '{t.name}' for model '{model}'") from None
+        if any(d < 0 for d in t.shape):
+            raise invalid_arg(f"invalid shape {t.shape} for input '{t.name}' for model '{model}'")
+        count = datatypes.element_count(t.shape)
+        if "shared_memory_region" in t.parameters:
+            raise unsupported(
+                f"input '{t.name}' for model '{model}' uses shared memory, which trident does not support yet"
+            )
+        if raw:
+            if t.contents is not None:
+                raise invalid_arg(
+                    f"contents field must not be specified when using raw_input_contents for '{t.name}' "
+                    f"for model '{model}'"
+                )
+            array = _from_raw(raw[index], t, dtype, count, model)
+        elif t.contents is not None:
+            array = _from_contents(buf, view, t, dtype, count, model)
+        elif count == 0:
+            array = np.empty(0, dtype=dtype)
+        else:
+            raise invalid_arg(f"expected tensor data for input tensor '{t.name}' for model '{model}'")
+        out.append(Tensor(t.name, t.datatype, tuple(t.shape), array.reshape(t.shape), t.parameters))
+    return out
+
+
+def _byte_size_mismatch(t: _Input, model: str, expected: int, got: int) -> Exception:
+    return invalid_arg(
+        f"input byte size mismatch for input '{t.name}' for model '{model}'. Expected {expected}, got {got}"
+    )
+
+
+def _from_raw(data: memoryview, t: _Input, dtype: np.dtype, count: int, model: str) -> np.ndarray:
+    if t.datatype == "BYTES":
+        try:
+            return datatypes.deserialize_bytes(data, count)
+        except ValueError as e:
+            raise invalid_arg(f"invalid BYTES data for input '{t.name}' for model '{model}': {e}") from None
+    expected = count * dtype.itemsize
+    if len(data) != expected:
+        raise _byte_size_mismatch(t, model, expected, len(data))
+    return np.frombuffer(data, dtype=dtype)
+
+
+# contents field number -> (name of its element type, datatypes it may carry)
+_CONTENTS_FIELDS = {
+    1: ("BOOL", ("BOOL",)),
+    2: ("INT32", ("INT8", "INT16", "INT32")),
+    3: ("INT64", ("INT64",)),
+    4: ("UINT32", ("UINT8", "UINT16", "UINT32")),
+    5: ("UINT64", ("UINT64",)),
+    6: ("FP32", ("FP32",)),
+    7: ("FP64", ("FP64",)),
+    8: ("BYTES", ("BYTES",)),
+}
+
+
+def _from_contents(buf: Buffer, view: memoryview, t: _Input, dtype: np.dtype, count: int, model: str) -> np.ndarray:
+    """InferTensorContents (possibly split over several occurrences) -> a flat array of ``dtype``."""
+    chunks: dict[int, list[np.ndarray]] = {}
+    strings: list[bytes] = []
+    scalars: dict[int, list[int | float]] = {}
+    assert t.contents is not None
+    for start, stop in t.contents:
+        pos = start
+        while pos < stop:
+            tag, pos = _varint(buf, pos)
+            field, wire = tag >> 3, tag & 7
+            if field == 8 and wire == 2:
+                n, pos = _varint(buf, pos)
+                strings.append(bytes(view[pos : pos + n]))
+                pos += n
+            elif 1 <= field <= 7 and wire == 2:
+                n, pos = _varint(buf, pos)
+                chunk = view[pos : pos + n]
+                if field == 6:
+                    arr = np.frombuffer(chunk, dtype="<f4") if n % 4 == 0 else None
+                elif field == 7:
+                    arr = np.frombuffer(chunk, dtype="<f8") if n % 8 == 0 else None
+                else:
+                    arr = _decode_packed_varints(chunk)
+                if arr is None:
+                    raise DecodeError("packed fixed-width field has a partial element")
+                chunks.setdefault(field, []).append(arr)
+                pos += n
+            elif 1 <= field <= 5 and wire == 0:
+                v, pos = _varint(buf, pos)
+                scalars.setdefault(field, []).append(v)
+            elif field == 6 and wire == 5:
+                scalars.setdefault(6, []).append(_FLOAT.unpack_from(buf, pos)[0])
+                pos += 4
+            elif field == 7 and wire == 1:
+                scalars.setdefault(7, []).append(_DOUBLE.unpack_from(buf, pos)[0])
+                pos += 8
+            else:
+                pos = _skip(buf, pos, wire)
+        if pos != stop:
+            raise DecodeError("truncated InferTensorContents")
+    for field, items in scalars.items():
+        kind = np.float32 if field == 6 else np.float64 if field == 7 else np.uint64
+        chunks.setdefault(field, []).append(np.array(items, dtype=kind))
+    if strings:
+        chunks[8] = []
+    present = [f for f in sorted(chunks) if f == 8 or any(a.size for a in chunks[f])]
+    if not present:
+        if count == 0:
+            return np.empty(0, dtype=dtype)
+        raise invalid_arg(f"expected tensor data for input tensor '{t.name}' for model '{model}'")
+    for i, field in enumerate(present):
+        type_name, allowed = _CONTENTS_FIELDS[field]
+        if i > 0:
+            raise invalid_arg(
+                f"unexpected explicit tensor data for input tensor '{t.name}' for model '{model}', "
+                "binary data was already supplied."
+            )
+        if t.datatype not in allowed:
+            raise invalid_arg(
+                f"unexpected explicit tensor data for input tensor '{t.name}' for model '{model}' of type "
+                f"'{type_name}', expected datatype '{t.datatype}'"
+            )
+    field = present[0]
+    if field == 8:
+        array = np.empty(len(strings), dtype=object)
+        array[:] = strings
+        if len(strings) != count:
+            raise invalid_arg(
+                f"expected {count} string elements for input '{t.name}' for model '{model}', got {len(strings)}"
+            )
+        return array
+    values = np.concatenate(chunks[field]) if len(chunks[field]) > 1 else chunks[field][0]
+    if values.size != count:
+        raise _byte_size_mismatch(t, model, count * dtype.itemsize, values.size * dtype.itemsize)
+    if field == 1:
+        return np.not_equal(values, 0)
+    if field in (2, 3):
+        values = values.view(np.int64)
+    return values.astype(dtype, copy=False)
+
+
+# ---- encoding ModelInferResponse -------------------------------------------------------------
+
+_SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
+
+
+def _uvarint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _ivarint(n: int) -> bytes:
+    return _uvarint(n & _U64) if n < 0 else _uvarint(n)
+
+
+def _string(tag: bytes, value: str) -> bytes:
+    raw = value.encode("utf-8")
+    return tag + _uvarint(len(raw)) + raw
+
+
+def _parameter_value(value: object) -> bytes:
+    if isinstance(value, (bool, np.bool_)):
+        return b"\x08\x01" if value else b"\x08\x00"
+    if isinstance(value, (int, np.integer)):
+        v = int(value)
+        return b"\x28" + _uvarint(v) if v > _I64_MAX else b"\x10" + _ivarint(v)
+    if isinstance(value, (float, np.floating)):
+        return b"\x21" + _DOUBLE.pack(float(value))
+    return _string(b"\x1a", value if isinstance(value, str) else str(value))
+
+
+def _parameters(tag: bytes, parameters: dict[str, ParamValue]) -> bytes:
+    out = []
+    for key, value in parameters.items():
+        v = _parameter_value(value)
+        entry = _string(b"\x0a", key) + b"\x12" + _uvarint(len(v)) + v
+        out.append(tag + _uvarint(len(entry)) + entry)
+    return b"".join(out)
+
+
+def _raw(data: np.ndarray, datatype: str) -> tuple[Parts, int]:
+    """An output tensor's raw bytes as parts that view the array (BYTES: length-prefixed)."""
+    if datatype == "BYTES":
+        parts: Parts = []
+        size = 0
+        pack = _LEN.pack
+        for item in data.reshape(-1):
+            if isinstance(item, str):
+                item = item.encode("utf-8")
+            elif not isinstance(item, (bytes, bytearray, memoryview)):
+                item = str(item).encode("utf-8")
+            parts.append(pack(len(item)))
+            parts.append(item)
+            size += 4 + len(item)
+        return parts, size
+    array = np.ascontiguousarray(data)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    flat = array.reshape(-1).view(np.uint8)
+    return [flat], flat.size
+
+
+def encode_model_infer_response(
+    response: InferenceResponse, parameters: dict[str, ParamValue] | None = None
+) -> tuple[Parts, int]:
+    """``inference.ModelInferResponse`` for ``response`` as (parts, total size).
+
+    ``parameters`` replaces ``response.parameters`` on the wire when given. Outputs travel in
+    ``raw_output_contents`` as Triton sends them. The parts view the output arrays: keep the
+    response alive until they are joined.
+    """
+    head = []
+    if response.model_name:
+        head.append(_string(b"\x0a", response.model_name))
+    if response.model_version:
+        head.append(_string(b"\x12", response.model_version))
+    if response.id:
+        head.append(_string(b"\x1a", response.id))
+    params = response.parameters if parameters is None else parameters
+    if params:
+        head.append(_parameters(b"\x22", params))
+    raws: list[tuple[Parts, int]] = []
+    for tensor in response.outputs:
+        shape = b"".join(_ivarint(int(d)) for d in tensor.shape)
+        body = _string(b"\x0a", tensor.name) + _string(b"\x12", tensor.datatype)
+        if shape:
+            body += b"\x1a" + _uvarint(len(shape)) + shape
+        if tensor.parameters:
+            body += _parameters(b"\x22", tensor.parameters)
+        head.append(b"\x2a" + _uvarint(len(body)) + body)
+        raws.append(_raw(tensor.data, tensor.datatype))
+    first = b"".join(head)
+    parts: Parts = [first]
+    size = len(first)
+    for raw_parts, raw_size in raws:
+        prefix = b"\x32" + _uvarint(raw_size)
+        parts.append(prefix)
+        parts.extend(raw_parts)
+        size += len(prefix) + raw_size
+    return parts, size
+
+
+def encode_model_stream_infer_response(
+    response: InferenceResponse | None,
+    error_message: str = "",
+    parameters: dict[str, ParamValue] | None = None,
+) -> tuple[Parts, int]:
+    """``inference.ModelStreamInferResponse`` (error_message=1, infer_response=2) as (parts, size)."""
+    head = _string(b"\x0a", error_message) if error_message else b""
+    if response is None:
+        return [head], len(head)
+    inner, inner_size = encode_model_infer_response(response, parameters)
+    head += b"\x12" + _uvarint(inner_size)
+    return [head, *inner], len(head) + inner_size
+
+
+def join(parts: Parts) -> bytes:
+    """The serialized message from :func:`encode_model_infer_response`'s parts."""
+    return b"".join(parts)

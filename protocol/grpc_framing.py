@@ -1,0 +1,280 @@
+"""gRPC over HTTP/2, sans-IO: message framing, deadlines, status text and metadata encodings.
+
+What a gRPC transport needs besides HTTP/2 itself (grpc/doc/PROTOCOL-HTTP2.md):
+
+* every message travels as a 1-byte compressed flag, a 4-byte big-endian length and the payload;
+  :class:`MessageDecoder` reassembles them from DATA chunks and enforces the maximum size;
+* ``grpc-timeout`` ("1S", "250m", at most 8 digits and a unit) -> :func:`parse_timeout`;
+* ``grpc-message`` is percent-encoded UTF-8 -> :func:`encode_grpc_message` / :func:`decode_grpc_message`;
+* metadata keys ending in ``-bin`` carry base64 (padding optional) -> :func:`decode_binary_header`;
+* ``grpc-encoding: gzip`` -> :func:`gzip_decompress` with the size limit applied to the output.
+
+Nothing here does I/O. Errors are :class:`FramingError` carrying the gRPC status to answer.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+import zlib
+from collections.abc import Iterable, Sequence
+
+from trident.errors import GRPC_INTERNAL, GRPC_RESOURCE_EXHAUSTED, GRPC_UNIMPLEMENTED
+
+Buffer = bytes | bytearray | memoryview
+
+PREFIX = struct.Struct(">BI")
+PREFIX_SIZE = PREFIX.size
+
+# Default maximum size of one received or sent message (after decompression). Triton allows
+# INT32_MAX; trident defaults lower (ServerOptions.grpc_max_message_size, --grpc-max-message-size)
+# because a message is buffered whole before it is decoded.
+DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024 * 1024
+
+# a declared length up to this is allocated in one piece; beyond, the buffer grows as data arrives
+_PREALLOCATE_LIMIT = 64 * 1024 * 1024
+
+SUPPORTED_ENCODINGS = ("identity", "gzip")
+ACCEPT_ENCODING = ",".join(SUPPORTED_ENCODINGS)
+
+
+class FramingError(Exception):
+    """A message cannot be accepted; ``status`` is the gRPC status code to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def frame_prefix(length: int, compressed: bool = False) -> bytes:
+    """The 5-byte prefix of a message of ``length`` bytes."""
+    return PREFIX.pack(1 if compressed else 0, length)
+
+
+def frame(parts: Sequence[Buffer], size: int, compressed: bool = False) -> bytes:
+    """One length-prefixed message from its parts (``size`` = their total length), copied once."""
+    return b"".join([PREFIX.pack(1 if compressed else 0, size), *parts])
+
+
+def check_size(size: int, limit: int, what: str = "received") -> None:
+    """Raises FramingError(RESOURCE_EXHAUSTED) when a message of ``size`` bytes exceeds ``limit``."""
+    if size > limit:
+        raise FramingError(
+            GRPC_RESOURCE_EXHAUSTED, f"{what} message larger than max ({size} vs. {limit})"
+        )
+
+
+class MessageDecoder:
+    """Reassembles length-prefixed messages from the DATA chunks of one stream.
+
+    :meth:`feed` returns the messages completed by a chunk as ``(compressed, payload)`` with
+    ``payload`` a fresh ``bytearray`` (so numpy arrays decoded from it are writable and own
+    no memory of the transport). A declared length above ``max_message_size`` raises
+    FramingError(RESOURCE_EXHAUSTED) as soon as the prefix is seen, before the payload arrives.
+    """
+
+    __slots__ = ("max_message_size", "_prefix", "_buffer", "_filled", "_compressed", "_length")
+
+    def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+        self.max_message_size = max_message_size
+        self._prefix = bytearray()
+        self._buffer: bytearray | None = None
+        self._filled = 0
+        self._compressed = False
+        self._length = 0
+
+    @property
+    def partial(self) -> bool:
+        """True while part of a message (or of its prefix) is buffered."""
+        return bool(self._prefix) or self._buffer is not None
+
+    def feed(self, data: Buffer) -> list[tuple[bool, bytearray]]:
+        """Consume one chunk; returns the messages it completed. Raises FramingError."""
+        view = memoryview(data)
+        end = len(view)
+        pos = 0
+        out: list[tuple[bool, bytearray]] = []
+        while pos < end:
+            if self._buffer is None:
+                need = PREFIX_SIZE - len(self._prefix)
+                if not self._prefix and end - pos >= PREFIX_SIZE:
+                    flag, length = PREFIX.unpack_from(view, pos)
+                    pos += PREFIX_SIZE
+                else:
+                    self._prefix += view[pos : pos + need]
+                    pos += min(need, end - pos)
+                    if len(self._prefix) < PREFIX_SIZE:
+                        break
+                    flag, length = PREFIX.unpack(self._prefix)
+                    self._prefix.clear()
+                self._start(flag, length)
+                if length == 0:
+                    out.append(self._finish())
+                    continue
+            buffer = self._buffer
+            assert buffer is not None
+            take = min(self._length - self._filled, end - pos)
+            if len(buffer) >= self._filled + take:
+                buffer[self._filled : self._filled + take] = view[pos : pos + take]
+            else:
+                buffer += view[pos : pos + take]
+            self._filled += take
+            pos += take
+            if self._filled == self._length:
+                out.append(self._finish())
+        return out
+
+    def _start(self, flag: int, length: int) -> None:
+        if flag not in (0, 1):
+            raise FramingError(GRPC_INTERNAL, f"invalid gRPC message flag {flag:#x}")
+        check_size(length, self.max_message_size)
+        self._compressed = flag == 1
+        self._length = length
+        self._filled = 0
+        self._buffer = bytearray(length) if length <= _PREALLOCATE_LIMIT else bytearray()
+
+    def _finish(self) -> tuple[bool, bytearray]:
+        buffer = self._buffer
+        assert buffer is not None
+        self._buffer = None
+        return self._compressed, buffer
+
+    def close(self) -> None:
+        """The stream ended: raises FramingError(INTERNAL) if a message is incomplete."""
+        if self.partial:
+            got = len(self._prefix) if self._buffer is None else self._filled
+            want = PREFIX_SIZE if self._buffer is None else self._length
+            raise FramingError(GRPC_INTERNAL, f"incomplete gRPC message: stream ended after {got} of {want} bytes")
+
+
+# ---- grpc-timeout ------------------------------------------------------------------------
+
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+
+
+def parse_timeout(value: str | bytes) -> float:
+    """``grpc-timeout`` header value -> seconds. Raises ValueError when malformed."""
+    text = value.decode("ascii") if isinstance(value, (bytes, bytearray)) else value
+    digits, unit = text[:-1], text[-1:]
+    if not (1 <= len(digits) <= 8 and digits.isdigit() and digits.isascii()) or unit not in _TIMEOUT_UNITS:
+        raise ValueError(f"malformed grpc-timeout {text!r}")
+    return int(digits) * _TIMEOUT_UNITS[unit]
+
+
+def format_timeout(seconds: float) -> str:
+    """Seconds -> the most precise ``grpc-timeout`` value that fits in 8 digits."""
+    if seconds < 0:
+        raise ValueError("a timeout cannot be negative")
+    for unit, scale in (("n", 1e-9), ("u", 1e-6), ("m", 1e-3), ("S", 1.0), ("M", 60.0)):
+        count = math.ceil(round(seconds / scale, 6))
+        if count < 100_000_000:
+            return f"{count}{unit}"
+    return f"{min(math.ceil(seconds / 3600), 99_999_999)}H"
+
+
+# ---- grpc-message --------------------------------------------------------------------------
+
+_UNRESERVED = frozenset(range(0x20, 0x7F)) - {ord("%")}
+
+
+def encode_grpc_message(text: str) -> str:
+    """Percent-encode a status message: UTF-8, bytes outside 0x20-0x7E and '%' escaped."""
+    raw = text.encode("utf-8", errors="replace")
+    if all(b in _UNRESERVED for b in raw):
+        return text
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in raw)
+
+
+def decode_grpc_message(value: str | bytes) -> str:
+    """Inverse of :func:`encode_grpc_message`; malformed escapes are kept as they are."""
+    raw = value.encode("latin-1") if isinstance(value, str) else bytes(value)
+    out = bytearray()
+    i = 0
+    while i < len(raw):
+        b = raw[i]
+        if b == 0x25 and _is_hex(raw[i + 1 : i + 3]):
+            out.append(int(raw[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            out.append(b)
+            i += 1
+    return out.decode("utf-8", errors="replace")
+
+
+def _is_hex(pair: bytes) -> bool:
+    return len(pair) == 2 and all(c in b"0123456789abcdefABCDEF" for c in pair)
+
+
+# ---- metadata ----------------------------------------------------------------------------
+
+# headers that belong to HTTP/2 or gRPC itself and are never application metadata
+RESERVED_HEADERS = frozenset(
+    {"content-type", "te", "user-agent", "grpc-timeout", "grpc-encoding", "grpc-accept-encoding",
+     "grpc-message-type", "content-length", "host", "connection", "accept-encoding"}
+)
+
+
+def encode_binary_header(value: bytes) -> bytes:
+    """Binary metadata value -> unpadded base64 (what gRPC implementations send)."""
+    return base64.b64encode(value).rstrip(b"=")
+
+
+def decode_binary_header(value: str | bytes) -> bytes:
+    """base64 metadata value (padded or not) -> bytes. Raises ValueError when malformed."""
+    raw = value.encode("ascii") if isinstance(value, str) else bytes(value)
+    raw = raw.rstrip(b"=")
+    try:
+        return base64.b64decode(raw + b"=" * (-len(raw) % 4), validate=True)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"malformed base64 in binary metadata: {e}") from None
+
+
+def decode_metadata(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, str | bytes]]:
+    """Application metadata from request headers: pseudo-headers and gRPC's own headers are
+    dropped, ``-bin`` values are base64-decoded to bytes, others decoded as ASCII/latin-1 text.
+    Raises ValueError for a malformed ``-bin`` value."""
+    out: list[tuple[str, str | bytes]] = []
+    for name, value in headers:
+        key = name.decode("latin-1")
+        if key.startswith(":") or key in RESERVED_HEADERS:
+            continue
+        if key.endswith("-bin"):
+            out.append((key, decode_binary_header(value)))
+        else:
+            out.append((key, value.decode("latin-1")))
+    return out
+
+
+# ---- compression -------------------------------------------------------------------------
+
+
+def gzip_compress(data: Buffer, level: int = 6) -> bytes:
+    """gzip (RFC 1952) of one message."""
+    compressor = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return compressor.compress(data) + compressor.flush()
+
+
+def gzip_decompress(data: Buffer, max_size: int) -> bytes:
+    """Inflate one gzip message. Raises FramingError: RESOURCE_EXHAUSTED when the output would
+    exceed ``max_size`` (checked while inflating, so a small bomb never grows large),
+    INTERNAL when the data is not valid gzip."""
+    decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = decompressor.decompress(data, max_size + 1)
+    except zlib.error as e:
+        raise FramingError(GRPC_INTERNAL, f"could not decompress gzip message: {e}") from None
+    check_size(len(out), max_size, "decompressed")
+    if not decompressor.eof or decompressor.unused_data:
+        raise FramingError(GRPC_INTERNAL, "could not decompress gzip message: truncated or trailing data")
+    return out
+
+
+def check_encoding(encoding: str | None) -> None:
+    """Raises FramingError(UNIMPLEMENTED) for a ``grpc-encoding`` trident does not support."""
+    if encoding is not None and encoding not in SUPPORTED_ENCODINGS:
+        raise FramingError(
+            GRPC_UNIMPLEMENTED,
+            f"grpc-encoding '{encoding}' is not supported (supported: {ACCEPT_ENCODING})",
+        )

@@ -1,0 +1,574 @@
+"""KServe v2 HTTP codec: JSON requests/responses, the binary tensor extension, compression (sans-IO).
+
+Requests are decoded once into :class:`~trident.types.InferenceRequest` with numpy tensors:
+binary blobs become ``np.frombuffer`` views over the body (no copy for fixed-size types; the
+array is writable when the body is a ``bytearray``), JSON ``data`` lists go through one
+``np.asarray``. Responses are encoded into a list of byte parts (the JSON header, then one blob
+per binary output) so large outputs are not copied again before they reach the transport.
+
+Choices where Triton is silent or inconsistent (documented in README "HTTP"):
+
+* A JSON ``data`` value must match the datatype as Triton requires (integers for integer types,
+  ``true``/``false`` for BOOL, strings for BYTES, numbers for floats); integers that do not fit
+  the datatype are rejected instead of wrapping. Element-count mismatches are INVALID_ARG.
+* FP16 and BF16 *inputs* must be binary (Triton's INVALID_ARG). FP16/BF16 *outputs* requested
+  as JSON are written as JSON numbers, which is exact (Triton refuses them).
+* NaN and infinities have no JSON form: they are written as ``null`` (request ``binary_data``
+  for exact values). A BYTES output that is not valid UTF-8 cannot be a JSON string, so that
+  output is sent binary (``binary_data_size``) even when JSON was requested; tritonclient reads
+  either form.
+* ``binary_data_output`` is the default for every output, and an output's own ``binary_data``
+  overrides it (the extension's documented rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from trident.errors import Code, TritonError, invalid_arg, unsupported
+from trident.protocol import datatypes
+from trident.protocol.compression import choose_encoding, compress, decode_base64, decompress
+from trident.types import InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
+
+try:
+    import orjson
+
+    _OPT_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+    def _loads(data: bytes | bytearray | memoryview) -> Any:
+        return orjson.loads(data)
+
+    def dumps(obj: Any) -> bytes:
+        """Serialize to compact UTF-8 JSON (numpy arrays allowed when orjson is present)."""
+        return orjson.dumps(obj, option=_OPT_NUMPY)
+
+    _NUMPY_JSON = True
+except ImportError:  # pragma: no cover - orjson is a dependency; the fallback keeps the codec usable
+    import json
+
+    def _loads(data: bytes | bytearray | memoryview) -> Any:
+        return json.loads(bytes(data))
+
+    def dumps(obj: Any) -> bytes:
+        """Serialize to compact UTF-8 JSON."""
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    _NUMPY_JSON = False
+
+__all__ = [
+    "choose_encoding",
+    "compress",
+    "decode_base64",
+    "decode_infer_request",
+    "decode_raw_request",
+    "decompress",
+    "dumps",
+    "encode_infer_response",
+    "error_body",
+    "parse_json",
+]
+
+_EMPTY: dict[str, Any] = {}
+_SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+_SHM_UNSUPPORTED = "shared memory extension is not supported yet"
+# request parameters with a meaning of their own, and the JSON types they must have
+_RESERVED_BOOL = ("sequence_start", "sequence_end", "binary_data_output")
+_RESERVED_UINT = ("priority", "timeout")
+
+
+def parse_json(body: bytes | bytearray | memoryview) -> Any:
+    """Parse a JSON document; raises INVALID_ARG with Triton's message prefix on bad JSON."""
+    try:
+        return _loads(body)
+    except ValueError as exc:  # orjson.JSONDecodeError / json.JSONDecodeError / UnicodeDecodeError
+        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+
+
+def error_body(message: str) -> bytes:
+    """The HTTP error body ``{"error": "<message>"}``."""
+    return dumps({"error": message})
+
+
+# ---------------------------------------------------------------------------------------------
+# requests
+# ---------------------------------------------------------------------------------------------
+
+
+def decode_infer_request(
+    body: bytes | bytearray | memoryview,
+    header_length: int | None,
+    model_name: str,
+    model_version: str,
+) -> InferenceRequest:
+    """Decode a KServe v2 infer request body (JSON header, then binary blobs).
+
+    ``header_length`` is the ``Inference-Header-Content-Length`` header (None when absent:
+    the whole body is JSON). A value of 0 announces a raw binary body, which needs the model's
+    input metadata: use :func:`decode_raw_request` for that.
+
+    Raises TritonError INVALID_ARG for malformed JSON, a bad header length, bad tensors
+    (unknown datatype, bad shape, element count or blob size mismatches, undecodable BYTES,
+    JSON FP16/BF16) and unconsumed trailing bytes; UNSUPPORTED for shared-memory tensors.
+    """
+    view = memoryview(body).cast("B") if not isinstance(body, bytes) else memoryview(body)
+    total = len(view)
+    if header_length is None:
+        header_length = total
+    elif header_length == 0:
+        raise invalid_arg(
+            "a raw binary request (Inference-Header-Content-Length: 0) needs the model's input; "
+            "decode it with decode_raw_request"
+        )
+    elif header_length < 0 or header_length > total:
+        raise invalid_arg(f"inference header size should be in range (0, {total}), got: {header_length}")
+    doc = parse_json(view[:header_length] if header_length < total else view)
+    if not isinstance(doc, dict):
+        raise invalid_arg("failed to parse the request JSON buffer: the request must be a JSON object")
+
+    request_id = doc.get("id", "")
+    if not isinstance(request_id, str):
+        raise invalid_arg("Unable to parse 'id': expected a string")
+    params = doc.get("parameters")
+    parameters = _request_parameters(params) if params is not None else {}
+
+    inputs_json = doc.get("inputs")
+    if not isinstance(inputs_json, list):
+        raise invalid_arg("Unable to parse 'inputs': the request must have an 'inputs' array")
+    offset = header_length
+    inputs: list[Tensor] = []
+    seen: set[str] = set()
+    for item in inputs_json:
+        tensor, offset = _decode_input(item, view, offset, header_length < total, model_name)
+        if tensor.name in seen:
+            raise invalid_arg(f"input '{tensor.name}' appears more than once in the request")
+        seen.add(tensor.name)
+        inputs.append(tensor)
+    if offset != total:
+        raise invalid_arg(
+            f"unexpected additional input data for model '{model_name}': "
+            f"{total - offset} bytes after the last binary input"
+        )
+
+    outputs_json = doc.get("outputs")
+    outputs = _requested_outputs(outputs_json) if outputs_json is not None else []
+    return InferenceRequest(
+        model_name=model_name,
+        inputs=inputs,
+        model_version=model_version,
+        id=request_id,
+        outputs=outputs,
+        parameters=parameters,
+    )
+
+
+def decode_raw_request(
+    body: bytes | bytearray | memoryview,
+    model_name: str,
+    model_version: str,
+    input_name: str,
+    datatype: str,
+    shape: Sequence[int],
+) -> InferenceRequest:
+    """Decode a raw binary body (``Inference-Header-Content-Length: 0``) for a one-input model.
+
+    ``shape`` is the input's full shape with the batch dimension (if any) already set to 1; at
+    most one dimension may be -1 and is deduced from the body size. For BYTES the whole body is
+    one element and the shape must hold exactly one element (Triton's rule).
+
+    Raises TritonError INVALID_ARG when the shape cannot be deduced or the body size does not fit.
+    """
+    view = memoryview(body).cast("B") if not isinstance(body, bytes) else memoryview(body)
+    dims = [int(d) for d in shape]
+    variable = [i for i, d in enumerate(dims) if d == -1]
+    if datatype == "BYTES":
+        if variable or datatypes.element_count(dims) != 1:
+            raise invalid_arg(
+                f"For BYTE datatype raw input '{input_name}', the model must have input shape [1]"
+            )
+        data = np.empty(1, dtype=object)
+        data[0] = bytes(view)
+        return InferenceRequest(
+            model_name, [Tensor(input_name, "BYTES", tuple(dims), data.reshape(dims))], model_version
+        )
+    if not datatypes.is_datatype(datatype):
+        raise invalid_arg(f"invalid datatype '{datatype}' for input '{input_name}'")
+    if len(variable) > 1:
+        raise invalid_arg(
+            f"The shape of the raw input '{input_name}' can not be deduced because there are more "
+            "than one variable-sized dimension"
+        )
+    size = datatypes.element_size(datatype) or 1
+    fixed = datatypes.element_count(d for d in dims if d != -1)
+    if variable:
+        unit = fixed * size
+        if unit == 0 or len(view) % unit:
+            raise invalid_arg(
+                f"raw input '{input_name}' of {len(view)} bytes is not a whole number of "
+                f"{datatype} elements of shape {_dims_str(dims)}"
+            )
+        dims[variable[0]] = len(view) // unit
+    elif len(view) != fixed * size:
+        raise invalid_arg(
+            f"unexpected size for raw input '{input_name}': got {len(view)} bytes, its datatype "
+            f"{datatype} and shape {_dims_str(dims)} need {fixed * size}"
+        )
+    array = np.frombuffer(view, dtype=datatypes.numpy_dtype(datatype)).reshape(dims)
+    return InferenceRequest(model_name, [Tensor(input_name, datatype, tuple(dims), array)], model_version)
+
+
+def _dims_str(dims: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _request_parameters(params: Any) -> dict[str, ParamValue]:
+    if not isinstance(params, dict):
+        raise invalid_arg("Unable to parse 'parameters': expected a JSON object")
+    for key, value in params.items():
+        if key.startswith("triton_"):
+            raise invalid_arg(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should "
+                "not be specified."
+            )
+        if key in _RESERVED_BOOL:
+            if not isinstance(value, bool):
+                raise invalid_arg(f"Unable to parse '{key}': expected a boolean")
+        elif key in _RESERVED_UINT:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise invalid_arg(f"Unable to parse '{key}': expected an unsigned integer")
+        elif key == "sequence_id":
+            if isinstance(value, bool) or not (
+                isinstance(value, str) or (isinstance(value, int) and value >= 0)
+            ):
+                raise invalid_arg("Unable to parse 'sequence_id': expected an unsigned integer or a string")
+        elif not isinstance(value, (str, int, float)):
+            raise invalid_arg(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
+            )
+    return params
+
+
+def _tensor_parameters(params: dict[str, Any], where: str, skip: str) -> dict[str, ParamValue]:
+    out: dict[str, ParamValue] = {}
+    for key, value in params.items():
+        if key == skip:
+            continue
+        if not isinstance(value, (str, int, float)):
+            raise invalid_arg(
+                f"parameter '{key}' of {where} has invalid type. It should be either 'int', 'bool', "
+                "'float' or 'string'."
+            )
+        out[key] = value
+    return out
+
+
+def _decode_input(
+    item: Any, view: memoryview, offset: int, has_blobs: bool, model_name: str
+) -> tuple[Tensor, int]:
+    if not isinstance(item, dict):
+        raise invalid_arg("Unable to parse 'inputs': each input must be a JSON object")
+    name = item.get("name")
+    if not isinstance(name, str):
+        raise invalid_arg("Unable to parse 'name': each input needs a string 'name'")
+    datatype = item.get("datatype")
+    if not isinstance(datatype, str):
+        raise invalid_arg(f"Unable to parse 'datatype' of input '{name}'")
+    shape_json = item.get("shape")
+    if not isinstance(shape_json, list) or not all(
+        type(d) is int and d >= 0
+        for d in shape_json  # bool is not a dimension
+    ):
+        raise invalid_arg(f"Unable to parse 'shape' of input '{name}': expected non-negative integers")
+    shape = tuple(shape_json)
+    params = item.get("parameters", _EMPTY)
+    if not isinstance(params, dict):
+        raise invalid_arg(f"Unable to parse 'parameters' of input '{name}': expected a JSON object")
+    has_data = "data" in item
+    has_binary = "binary_data_size" in params
+    has_shm = "shared_memory_region" in params
+    if has_data + has_binary + has_shm != 1:
+        found = " ".join(
+            f"'{k}'"
+            for k, on in (
+                ("data", has_data),
+                ("binary_data_size", has_binary),
+                ("shared_memory_region", has_shm),
+            )
+            if on
+        )
+        raise invalid_arg(
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+            "'parameters', 'shared_memory_region' in 'parameters'. But "
+            + (f"set {found}" if found else "no field is set")
+            + f" for input '{name}'"
+        )
+    if has_shm:
+        raise unsupported(f"input '{name}': {_SHM_UNSUPPORTED}")
+    if not datatypes.is_datatype(datatype):
+        raise invalid_arg(f"invalid datatype '{datatype}' for input '{name}'")
+    tensor_params = _tensor_parameters(params, f"input '{name}'", "binary_data_size") if params else {}
+    count = datatypes.element_count(shape)
+
+    if has_binary:
+        size = params["binary_data_size"]
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise invalid_arg(f"Unable to parse 'binary_data_size' of input '{name}'")
+        end = offset + size
+        if end > len(view):
+            if not has_blobs:
+                raise invalid_arg(
+                    f"input '{name}' declares binary_data_size {size} but the request has no "
+                    "binary data: send the Inference-Header-Content-Length header with the JSON size"
+                )
+            raise invalid_arg(
+                f"unexpected size for input '{name}', expecting {end - len(view)} additional bytes "
+                f"for model '{model_name}'"
+            )
+        array = _blob_to_array(name, datatype, shape, count, view[offset:end])
+        return Tensor(name, datatype, shape, array, tensor_params), end
+
+    array = _json_to_array(name, datatype, shape, count, item["data"])
+    return Tensor(name, datatype, shape, array, tensor_params), offset
+
+
+def _blob_to_array(
+    name: str, datatype: str, shape: tuple[int, ...], count: int, blob: memoryview
+) -> np.ndarray:
+    if datatype == "BYTES":
+        try:
+            flat = datatypes.deserialize_bytes(blob, count)
+        except ValueError as exc:
+            raise invalid_arg(f"unable to deserialize BYTES input '{name}': {exc}") from None
+        return flat.reshape(shape)
+    itemsize = datatypes.element_size(datatype) or 1
+    if len(blob) != count * itemsize:
+        raise invalid_arg(
+            f"input '{name}' has binary_data_size {len(blob)} but its datatype {datatype} and shape "
+            f"{_dims_str(shape)} need {count * itemsize} bytes"
+        )
+    return np.frombuffer(blob, dtype=datatypes.numpy_dtype(datatype)).reshape(shape)
+
+
+def _flatten(data: Any, out: list[Any]) -> None:
+    for item in data:
+        if isinstance(item, list):
+            _flatten(item, out)
+        else:
+            out.append(item)
+
+
+def _bad_data(name: str, datatype: str, why: str) -> TritonError:
+    return invalid_arg(f"Unable to parse 'data' of input '{name}': {why} for datatype {datatype}")
+
+
+def _json_to_array(name: str, datatype: str, shape: tuple[int, ...], count: int, data: Any) -> np.ndarray:
+    if datatype in ("FP16", "BF16"):
+        raise invalid_arg(
+            f"receiving {datatype} data via JSON is not supported. Please use the binary data "
+            f"format for input {name}"
+        )
+    if not isinstance(data, list):
+        raise invalid_arg(f"Unable to parse 'data' of input '{name}': expected a JSON array")
+    np_dtype = datatypes.numpy_dtype(datatype)
+    if count == 0:
+        try:
+            return np.empty(shape, dtype=np_dtype)
+        except (ValueError, MemoryError):
+            raise invalid_arg(f"invalid shape {_dims_str(shape)} for input '{name}'") from None
+    if datatype == "BYTES":
+        flat: list[Any] = []
+        _flatten(data, flat)
+        if len(flat) != count:
+            raise _count_mismatch(name, len(flat), count, shape)
+        try:
+            items = [s.encode("utf-8") for s in flat]
+        except AttributeError:
+            raise _bad_data(name, datatype, "expected JSON strings") from None
+        out = np.empty(count, dtype=object)
+        out[:] = items
+        return out.reshape(shape)
+
+    try:
+        arr = np.asarray(data)
+    except (ValueError, TypeError, OverflowError):  # ragged nesting: flatten like Triton does
+        arr = None
+    if arr is None or arr.dtype.kind == "O":
+        flat = []
+        _flatten(data, flat)
+        try:
+            arr = np.asarray(flat)
+        except (ValueError, TypeError, OverflowError):
+            arr = None
+        if arr is None or arr.dtype.kind == "O":
+            raise _bad_data(name, datatype, "expected numbers (or values out of range)")
+    if arr.size != count:
+        raise _count_mismatch(name, arr.size, count, shape)
+    kind = arr.dtype.kind
+    target = np_dtype.kind
+    if target == "b":
+        if kind != "b":
+            raise _bad_data(name, datatype, "expected true/false")
+    elif target in "iu":
+        info = np.iinfo(np_dtype)
+        if kind == "f":  # numpy infers float64 when ints beyond int64 are mixed in: check exactly
+            return _exact_ints(name, datatype, data, info, np_dtype).reshape(shape)
+        if kind not in "iu":
+            raise _bad_data(name, datatype, "expected integers")
+        if int(arr.min()) < info.min or int(arr.max()) > info.max:
+            raise _bad_data(name, datatype, f"integer out of range [{info.min}, {info.max}]")
+    elif kind not in "iuf":
+        raise _bad_data(name, datatype, "expected numbers")
+    return arr.astype(np_dtype, copy=False).reshape(shape)
+
+
+def _exact_ints(name: str, datatype: str, data: list[Any], info: Any, np_dtype: np.dtype) -> np.ndarray:
+    flat: list[Any] = []
+    _flatten(data, flat)
+    if not all(type(x) is int for x in flat):
+        raise _bad_data(name, datatype, "expected integers")
+    if min(flat) < info.min or max(flat) > info.max:
+        raise _bad_data(name, datatype, f"integer out of range [{info.min}, {info.max}]")
+    return np.array(flat, dtype=np_dtype)
+
+
+def _count_mismatch(name: str, got: int, count: int, shape: tuple[int, ...]) -> TritonError:
+    return invalid_arg(
+        f"Unable to parse 'data' of input '{name}': Shape does not match true shape of 'data' field "
+        f"(shape {_dims_str(shape)} needs {count} elements, 'data' holds {got})"
+    )
+
+
+def _requested_outputs(outputs_json: Any) -> list[RequestedOutput]:
+    if not isinstance(outputs_json, list):
+        raise invalid_arg("Unable to parse 'outputs': expected a JSON array")
+    outputs: list[RequestedOutput] = []
+    names: set[str] = set()
+    for item in outputs_json:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise invalid_arg("Unable to parse 'name': each requested output needs a string 'name'")
+        name = item["name"]
+        params = item.get("parameters", _EMPTY)
+        if not isinstance(params, dict):
+            raise invalid_arg(f"Unable to parse 'parameters' of output '{name}': expected a JSON object")
+        if any(k in params for k in _SHM_KEYS):
+            raise unsupported(f"output '{name}': {_SHM_UNSUPPORTED}")
+        if "binary_data" in params and not isinstance(params["binary_data"], bool):
+            raise invalid_arg(f"Unable to parse 'binary_data' of output '{name}': expected a boolean")
+        cls = params.get("classification")
+        if cls is not None and (isinstance(cls, bool) or not isinstance(cls, int) or cls < 0):
+            raise invalid_arg(
+                f"Unable to set 'classification' of output '{name}': expected an unsigned integer"
+            )
+        if name in names:
+            continue
+        names.add(name)
+        outputs.append(
+            RequestedOutput(name, _tensor_parameters(params, f"output '{name}'", "") if params else {})
+        )
+    return outputs
+
+
+# ---------------------------------------------------------------------------------------------
+# responses
+# ---------------------------------------------------------------------------------------------
+
+
+def encode_infer_response(
+    response: InferenceResponse,
+    requested: Sequence[RequestedOutput],
+    binary_default: bool,
+) -> tuple[list[bytes | memoryview], int | None]:
+    """Encode a response as KServe v2 JSON plus binary blobs.
+
+    Returns ``(parts, header_length)``: the body is ``b"".join(parts)``; ``header_length`` is
+    the JSON size for the ``Inference-Header-Content-Length`` header, or None when no blob
+    follows (then the body is plain JSON). An output is binary when its requested parameters say
+    ``binary_data: true``, or when they say nothing and ``binary_default`` (the request's
+    ``binary_data_output``) is true.
+
+    Raises the response's own ``error`` if it carries one, and TritonError INTERNAL when an
+    output's data does not match its shape.
+    """
+    if response.error is not None:
+        raise response.error
+    per_output: dict[str, Any] | None = None
+    if requested:
+        per_output = {o.name: o.parameters.get("binary_data") for o in requested}
+    blobs: list[bytes | memoryview] = []
+    outputs_json: list[dict[str, Any]] = []
+    for tensor in response.outputs:
+        binary = binary_default
+        if per_output is not None:
+            flag = per_output.get(tensor.name)
+            if flag is not None:
+                binary = bool(flag)
+        outputs_json.append(_encode_output(tensor, binary, blobs))
+    doc: dict[str, Any] = {}
+    if response.id:
+        doc["id"] = response.id
+    doc["model_name"] = response.model_name
+    doc["model_version"] = response.model_version
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    doc["outputs"] = outputs_json
+    header = dumps(doc)
+    if not blobs:
+        return [header], None
+    return [header, *blobs], len(header)
+
+
+def _encode_output(tensor: Tensor, binary: bool, blobs: list[bytes | memoryview]) -> dict[str, Any]:
+    data = tensor.data
+    shape = [int(d) for d in tensor.shape]
+    if data.size != datatypes.element_count(shape):
+        raise TritonError(
+            Code.INTERNAL, f"output tensor shape does not match size of output for '{tensor.name}'"
+        )
+    out: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": shape}
+    params: dict[str, Any] | None = dict(tensor.parameters) if tensor.parameters else None
+    datatype = tensor.datatype
+    if not binary:
+        json_data = _json_data(datatype, data)
+        if json_data is not None:
+            if params:
+                out["parameters"] = params
+            out["data"] = json_data
+            return out
+    blob = _binary_data(datatype, data)
+    if params is None:
+        params = {}
+    params["binary_data_size"] = len(blob)
+    out["parameters"] = params
+    if len(blob):
+        blobs.append(blob)
+    return out
+
+
+def _binary_data(datatype: str, data: np.ndarray) -> bytes | memoryview:
+    if datatype == "BYTES":
+        return datatypes.serialize_bytes(data)
+    array = np.ascontiguousarray(data)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return array.reshape(-1).data.cast("B")
+
+
+def _json_data(datatype: str, data: np.ndarray) -> Any:
+    """JSON value for an output's ``data``; None when it has no exact JSON form."""
+    flat = data.reshape(-1)
+    if datatype == "BYTES":
+        try:
+            return [x.decode("utf-8") if isinstance(x, (bytes, bytearray)) else str(x) for x in flat.tolist()]
+        except UnicodeDecodeError:
+            return None
+    if datatype == "BF16":
+        flat = datatypes.bf16_to_float32(flat)
+    if flat.dtype.byteorder == ">":
+        flat = flat.astype(flat.dtype.newbyteorder("<"))
+    if _NUMPY_JSON:
+        return np.ascontiguousarray(flat)
+    if flat.dtype.kind == "f" and not np.isfinite(flat).all():  # pragma: no cover - fallback only
+        return [v if np.isfinite(v) else None for v in flat.tolist()]
+    return flat.tolist()  # pragma: no cover - fallback only

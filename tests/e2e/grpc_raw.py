@@ -1,0 +1,179 @@
+"""A raw HTTP/2 gRPC client on trio + h2, for tests that must send what real clients never do
+(bad prefixes, truncated messages, wrong content types, resets mid-message, never reading)."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.settings
+import trio
+
+from trident.protocol.grpc_framing import decode_grpc_message
+
+
+@dataclass
+class RawStream:
+    stream_id: int
+    headers: dict[bytes, bytes] = field(default_factory=dict)
+    trailers: dict[bytes, bytes] = field(default_factory=dict)
+    data: bytearray = field(default_factory=bytearray)
+    reset_code: int | None = None
+    closed: trio.Event = field(default_factory=trio.Event)
+    changed: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def status(self) -> int | None:
+        raw = self.trailers.get(b"grpc-status", self.headers.get(b"grpc-status"))
+        return None if raw is None else int(raw)
+
+    @property
+    def message(self) -> str:
+        raw = self.trailers.get(b"grpc-message", self.headers.get(b"grpc-message", b""))
+        return decode_grpc_message(raw)
+
+    def messages(self) -> list[bytes]:
+        out, pos = [], 0
+        while pos + 5 <= len(self.data):
+            _, n = struct.unpack_from(">BI", self.data, pos)
+            out.append(bytes(self.data[pos + 5 : pos + 5 + n]))
+            pos += 5 + n
+        return out
+
+
+def frame(payload: bytes, compressed: bool = False) -> bytes:
+    return struct.pack(">BI", int(compressed), len(payload)) + payload
+
+
+class RawClient:
+    """One HTTP/2 connection. ``read_window=False`` never acknowledges received DATA."""
+
+    def __init__(self, stream: trio.SocketStream, read_window: bool) -> None:
+        self.sock = stream
+        self.read_window = read_window
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        self.streams: dict[int, RawStream] = {}
+        self.goaway: h2.events.ConnectionTerminated | None = None
+        self.ping_acks: list[bytes] = []
+        self.closed = trio.Event()
+        self.lock = trio.StrictFIFOLock()
+        self.window_changed = trio.Event()
+
+    async def flush(self) -> None:
+        async with self.lock:
+            data = self.h2.data_to_send()
+            if data:
+                await self.sock.send_all(data)
+
+    async def _pump(self) -> None:
+        try:
+            while True:
+                data = await self.sock.receive_some(65536)
+                if not data:
+                    break
+                for event in self.h2.receive_data(data):
+                    self._handle(event)
+                await self.flush()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self.closed.set()
+            for s in self.streams.values():
+                s.closed.set()
+
+    def _handle(self, event: h2.events.Event) -> None:
+        s = self.streams.get(getattr(event, "stream_id", 0) or 0)
+        if isinstance(event, h2.events.ResponseReceived) and s:
+            s.headers = dict(event.headers)
+        elif isinstance(event, h2.events.TrailersReceived) and s:
+            s.trailers = dict(event.headers)
+        elif isinstance(event, h2.events.DataReceived) and s:
+            s.data += event.data
+            if self.read_window:
+                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        elif isinstance(event, h2.events.StreamEnded) and s:
+            s.closed.set()
+        elif isinstance(event, h2.events.StreamReset) and s:
+            s.reset_code = event.error_code
+            s.closed.set()
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.goaway = event
+            if event.error_code == h2.errors.ErrorCodes.NO_ERROR:
+                # like grpc-core: a graceful GOAWAY lets the open streams finish (h2 alone would
+                # refuse every further frame once it has seen a GOAWAY)
+                self.h2.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
+        elif isinstance(event, h2.events.PingAckReceived):
+            self.ping_acks.append(event.ping_data)
+        elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
+            self.window_changed.set()
+            self.window_changed = trio.Event()
+        if s is not None:
+            s.changed.set()
+            s.changed = trio.Event()
+
+    async def open(self, path: str, *, content_type: bytes = b"application/grpc",
+                   extra: list[tuple[bytes, bytes]] | None = None, end_stream: bool = False) -> RawStream:
+        stream_id = self.h2.get_next_available_stream_id()
+        headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
+                   (b":authority", b"localhost"), (b"content-type", content_type), (b"te", b"trailers")]
+        headers += extra or []
+        s = self.streams[stream_id] = RawStream(stream_id)
+        self.h2.send_headers(stream_id, headers, end_stream=end_stream)
+        await self.flush()
+        return s
+
+    async def send(self, s: RawStream, data: bytes, end_stream: bool = False) -> None:
+        """Send raw bytes (not framed), waiting for window when needed."""
+        view = memoryview(data)
+        while True:
+            window = min(self.h2.local_flow_control_window(s.stream_id), self.h2.max_outbound_frame_size)
+            n = min(window, len(view))
+            if n or not view:
+                last = n == len(view)
+                self.h2.send_data(s.stream_id, bytes(view[:n]), end_stream=end_stream and last)
+                view = view[n:]
+                await self.flush()
+                if last:
+                    return
+            else:
+                await self.window_changed.wait()
+
+    async def end(self, s: RawStream) -> None:
+        self.h2.end_stream(s.stream_id)
+        await self.flush()
+
+    async def reset(self, s: RawStream) -> None:
+        self.h2.reset_stream(s.stream_id, h2.errors.ErrorCodes.CANCEL)
+        await self.flush()
+
+    async def unary(self, path: str, payload: bytes, **kwargs) -> RawStream:
+        s = await self.open(path, **kwargs)
+        await self.send(s, frame(payload), end_stream=True)
+        await s.closed.wait()
+        return s
+
+
+@asynccontextmanager
+async def open_raw(port: int, host: str = "127.0.0.1", *, read_window: bool = True,
+                   settings: dict | None = None) -> AsyncIterator[RawClient]:
+    sock = await trio.open_tcp_stream(host, port)
+    client = RawClient(sock, read_window)
+    client.h2.initiate_connection()
+    if settings:
+        client.h2.update_settings(settings)
+    await client.flush()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client._pump)
+            try:
+                yield client
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        await trio.aclose_forcefully(sock)

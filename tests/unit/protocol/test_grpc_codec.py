@@ -1,0 +1,286 @@
+"""The hand-written ModelInfer codec (trident.protocol.grpc_codec) against google protobuf (upb).
+
+tritonclient's generated ``service_pb2`` classes are the reference: requests they encode must
+decode into the same InferenceRequest, responses we encode must parse back in upb unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc.service_pb2 as pb
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trident.errors import Code, TritonError
+from trident.protocol import datatypes
+from trident.protocol.grpc_codec import (
+    DecodeError,
+    decode_model_infer_request,
+    encode_model_infer_response,
+    encode_model_stream_infer_response,
+    join,
+)
+from trident.types import InferenceResponse, Tensor
+
+CONTENTS_FIELD = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+                  "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+                  "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
+                  "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+
+param_values = st.one_of(
+    st.booleans(), st.integers(-(2**63), 2**64 - 1), st.text(max_size=8), st.floats(allow_nan=False)
+)
+params = st.dictionaries(st.text(max_size=6), param_values, max_size=3)
+
+
+def set_param(message, key, value):
+    p = message[key]
+    if isinstance(value, bool):
+        p.bool_param = value
+    elif isinstance(value, int):
+        if value > 2**63 - 1:
+            p.uint64_param = value
+        else:
+            p.int64_param = value
+    elif isinstance(value, float):
+        p.double_param = value
+    else:
+        p.string_param = value
+
+
+@st.composite
+def tensors(draw, raw: bool | None = None):
+    datatype = draw(st.sampled_from(datatypes.DATATYPES))
+    shape = draw(st.lists(st.integers(0, 4), max_size=3))
+    count = datatypes.element_count(shape)
+    if datatype == "BYTES":
+        data = np.empty(count, dtype=object)
+        data[:] = draw(st.lists(st.binary(max_size=6), min_size=count, max_size=count))
+    else:
+        dtype = datatypes.numpy_dtype(datatype)
+        data = np.frombuffer(draw(st.binary(min_size=count * dtype.itemsize, max_size=count * dtype.itemsize)),
+                             dtype=dtype)
+        if datatype == "BOOL":
+            data = data.view(np.uint8) % 2 == 1
+    use_raw = draw(st.booleans()) if raw is None else raw
+    if datatype in ("FP16", "BF16"):
+        use_raw = True
+    return datatype, tuple(shape), data.reshape(shape), draw(params), use_raw
+
+
+def raw_bytes(datatype: str, data: np.ndarray) -> bytes:
+    return datatypes.serialize_bytes(data) if datatype == "BYTES" else data.tobytes()
+
+
+@st.composite
+def requests(draw):
+    raw = draw(st.booleans())
+    items = draw(st.lists(tensors(raw=raw), max_size=4))
+    if any(use_raw for *_, use_raw in items):
+        items = [(dt, shape, data, p, True) for dt, shape, data, p, _ in items]
+    message = pb.ModelInferRequest(model_name=draw(st.text(max_size=8)), model_version=draw(st.text(max_size=3)),
+                                   id=draw(st.text(max_size=5)))
+    request_params = draw(params)
+    for k, v in request_params.items():
+        set_param(message.parameters, k, v)
+    for i, (datatype, shape, data, p, use_raw) in enumerate(items):
+        t = message.inputs.add(name=f"IN{i}", datatype=datatype, shape=list(shape))
+        for k, v in p.items():
+            set_param(t.parameters, k, v)
+        if use_raw:
+            message.raw_input_contents.append(raw_bytes(datatype, data))
+        elif data.size:
+            values = data.reshape(-1).tolist()
+            getattr(t.contents, CONTENTS_FIELD[datatype]).extend(values)
+    outputs = draw(st.lists(params, max_size=2))
+    for i, p in enumerate(outputs):
+        o = message.outputs.add(name=f"OUT{i}")
+        for k, v in p.items():
+            set_param(o.parameters, k, v)
+    return message, request_params, items, outputs
+
+
+def same_params(decoded, expected):
+    assert decoded.keys() == expected.keys()
+    for k, v in expected.items():
+        assert decoded[k] == v and type(decoded[k]) is type(v)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(requests())
+def test_decode_matches_what_upb_encodes(case):
+    message, request_params, items, outputs = case
+    request = decode_model_infer_request(bytearray(message.SerializeToString()))
+    assert (request.model_name, request.model_version, request.id) == (
+        message.model_name, message.model_version, message.id)
+    same_params(request.parameters, request_params)
+    assert len(request.inputs) == len(items)
+    for i, (tensor, (datatype, shape, data, p, use_raw)) in enumerate(zip(request.inputs, items)):
+        assert (tensor.name, tensor.datatype, tensor.shape) == (f"IN{i}", datatype, shape)
+        assert tensor.data.shape == shape
+        same_params(tensor.parameters, p)
+        if datatype == "BYTES":
+            assert tensor.data.dtype == object and tensor.data.reshape(-1).tolist() == data.reshape(-1).tolist()
+        elif use_raw or datatype not in ("FP32", "FP64"):
+            assert tensor.data.dtype == datatypes.numpy_dtype(datatype)
+            assert tensor.data.tobytes() == data.tobytes()
+        else:  # floats through Python lists: NaN payloads may change, values may not
+            np.testing.assert_array_equal(tensor.data, data)
+    assert [o.name for o in request.outputs] == [f"OUT{i}" for i in range(len(outputs))]
+    for o, p in zip(request.outputs, outputs):
+        same_params(o.parameters, p)
+
+
+def test_raw_inputs_view_the_received_buffer():
+    message = pb.ModelInferRequest(model_name="m")
+    message.inputs.add(name="A", datatype="FP32", shape=[4, 4])
+    message.raw_input_contents.append(np.arange(16, dtype="<f4").tobytes())
+    buffer = bytearray(message.SerializeToString())
+    tensor = decode_model_infer_request(buffer).inputs[0]
+    assert np.shares_memory(tensor.data, np.frombuffer(buffer, dtype=np.uint8))
+    assert tensor.data.flags.writeable
+    np.testing.assert_array_equal(tensor.data, np.arange(16, dtype=np.float32).reshape(4, 4))
+
+
+def test_unpacked_repeated_fields_decode_too():
+    # proto2-style writers send repeated scalars one by one; the wire format allows it
+    body = b"\x0a\x01A" + b"\x12\x05INT64" + b"\x18\x03" + b"\x2a\x06" + b"\x18\x01\x18\x02\x18\x7f"
+    data = b"\x0a\x01m" + b"\x2a" + bytes([len(body)]) + body
+    tensor = decode_model_infer_request(data).inputs[0]
+    assert tensor.shape == (3,) and tensor.data.tolist() == [1, 2, 127]
+
+
+def request_with(**tensor_kwargs) -> pb.ModelInferRequest:
+    message = pb.ModelInferRequest(model_name="m")
+    message.inputs.add(name="X", **tensor_kwargs)
+    return message
+
+
+def error_of(message: pb.ModelInferRequest) -> TritonError:
+    with pytest.raises(TritonError) as e:
+        decode_model_infer_request(message.SerializeToString())
+    return e.value
+
+
+def test_invalid_requests_get_tritons_messages():
+    m = request_with(datatype="FP32", shape=[2])
+    m.raw_input_contents.extend([b"\x00" * 8, b"\x00" * 8])
+    assert error_of(m).message == "expected 1 inputs but got 2 raw input contents for model 'm'"
+
+    m = request_with(datatype="FP32", shape=[2])
+    m.raw_input_contents.append(b"\x00" * 6)
+    assert error_of(m).message == "input byte size mismatch for input 'X' for model 'm'. Expected 8, got 6"
+
+    m = request_with(datatype="FP32", shape=[2], contents=pb.InferTensorContents(fp32_contents=[1, 2]))
+    m.raw_input_contents.append(b"\x00" * 8)
+    assert "contents field must not be specified when using raw_input_contents" in error_of(m).message
+
+    m = request_with(datatype="FP16", shape=[2], contents=pb.InferTensorContents(fp32_contents=[1, 2]))
+    assert error_of(m).message == (
+        "unexpected explicit tensor data for input tensor 'X' for model 'm' of type 'FP32', expected datatype 'FP16'")
+
+    m = request_with(datatype="INT32", shape=[1], contents=pb.InferTensorContents(int_contents=[1], int64_contents=[1]))
+    assert "binary data was already supplied" in error_of(m).message
+
+    m = request_with(datatype="INT32", shape=[3], contents=pb.InferTensorContents(int_contents=[1]))
+    assert "input byte size mismatch" in error_of(m).message
+
+    assert error_of(request_with(datatype="FP32", shape=[2])).message == (
+        "expected tensor data for input tensor 'X' for model 'm'")
+    assert "invalid datatype 'FP8'" in error_of(request_with(datatype="FP8", shape=[0])).message
+    assert "invalid shape" in error_of(request_with(datatype="FP32", shape=[-1])).message
+
+    m = request_with(datatype="BYTES", shape=[2])
+    m.raw_input_contents.append(b"\x05\x00\x00\x00ab")
+    assert "BYTES" in error_of(m).message
+
+    m = request_with(datatype="FP32", shape=[1])
+    m.inputs[0].parameters["shared_memory_region"].string_param = "r"
+    assert error_of(m).code == Code.UNSUPPORTED
+    assert all(e.code == Code.INVALID_ARG for e in [error_of(request_with(datatype="FP32", shape=[2]))])
+
+
+def test_empty_tensors_need_no_data():
+    tensor = decode_model_infer_request(request_with(datatype="FP32", shape=[0, 3]).SerializeToString()).inputs[0]
+    assert tensor.data.shape == (0, 3)
+
+
+@given(st.binary(max_size=200))
+def test_garbage_raises_only_decode_or_triton_errors(data):
+    try:
+        decode_model_infer_request(data)
+    except (DecodeError, TritonError):
+        pass
+
+
+def test_every_truncation_of_a_valid_request_is_rejected_cleanly():
+    message = request_with(datatype="INT32", shape=[3], contents=pb.InferTensorContents(int_contents=[-1, 300, 7]))
+    message.parameters["p"].string_param = "value"
+    message.outputs.add(name="O").parameters["classification"].int64_param = 2
+    data = message.SerializeToString()
+    for n in range(len(data)):
+        try:
+            decode_model_infer_request(data[:n])
+        except (DecodeError, TritonError):
+            pass
+    assert decode_model_infer_request(data).inputs[0].data.tolist() == [-1, 300, 7]
+
+
+@st.composite
+def responses(draw):
+    outputs = []
+    for i, (datatype, shape, data, p, _) in enumerate(draw(st.lists(tensors(), max_size=4))):
+        if datatype == "BYTES" and data.size and draw(st.booleans()):
+            data = data.astype(object)
+            data.reshape(-1)[0] = "ünï"  # str elements are sent UTF-8 encoded
+        outputs.append(Tensor(f"OUT{i}", datatype, shape, data, p))
+    return InferenceResponse(draw(st.text(max_size=8)), draw(st.text(max_size=3)), draw(st.text(max_size=5)),
+                             outputs, draw(params))
+
+
+def upb_params(message) -> dict:
+    out = {}
+    for k, v in message.items():
+        out[k] = getattr(v, v.WhichOneof("parameter_choice"))
+    return out
+
+
+def check_response(decoded: pb.ModelInferResponse, response: InferenceResponse, parameters=None) -> None:
+    assert (decoded.model_name, decoded.model_version, decoded.id) == (
+        response.model_name, response.model_version, response.id)
+    assert upb_params(decoded.parameters) == (response.parameters if parameters is None else parameters)
+    assert len(decoded.outputs) == len(decoded.raw_output_contents) == len(response.outputs)
+    for out, raw, tensor in zip(decoded.outputs, decoded.raw_output_contents, response.outputs):
+        assert (out.name, out.datatype, tuple(out.shape)) == (tensor.name, tensor.datatype, tensor.shape)
+        assert upb_params(out.parameters) == tensor.parameters
+        assert raw == raw_bytes(tensor.datatype, tensor.data)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(responses())
+def test_encoded_responses_parse_in_upb(response):
+    parts, size = encode_model_infer_response(response)
+    data = join(parts)
+    assert len(data) == size
+    check_response(pb.ModelInferResponse.FromString(data), response)
+
+
+@given(responses(), st.text(max_size=20), st.booleans())
+def test_stream_responses_parse_in_upb(response, error, final):
+    params = {**response.parameters, "triton_final_response": final}
+    parts, size = encode_model_stream_infer_response(response, error_message=error, parameters=params)
+    data = join(parts)
+    assert len(data) == size
+    decoded = pb.ModelStreamInferResponse.FromString(data)
+    assert decoded.error_message == error
+    check_response(decoded.infer_response, response, params)
+
+
+def test_response_parts_view_output_arrays():
+    array = np.arange(1 << 16, dtype=np.float32)
+    parts, _ = encode_model_infer_response(InferenceResponse("m", "1", "", [Tensor.from_numpy("O", array)]))
+    assert any(isinstance(p, np.ndarray) and np.shares_memory(p, array) for p in parts)
+    big_endian = np.arange(4, dtype=">i4")
+    data = join(encode_model_infer_response(InferenceResponse(outputs=[Tensor("B", "INT32", (4,), big_endian)]))[0])
+    assert pb.ModelInferResponse.FromString(data).raw_output_contents[0] == np.arange(4, dtype="<i4").tobytes()

@@ -1,0 +1,138 @@
+"""gRPC framing, grpc-timeout, grpc-message, -bin metadata and gzip (trident.protocol.grpc_framing)."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trident.errors import GRPC_INTERNAL, GRPC_RESOURCE_EXHAUSTED, GRPC_UNIMPLEMENTED
+from trident.protocol import grpc_framing as f
+
+
+def stream_of(messages: list[bytes]) -> bytes:
+    return b"".join(f.frame([m], len(m)) for m in messages)
+
+
+@given(st.lists(st.binary(max_size=300), max_size=8), st.lists(st.integers(1, 50), min_size=1, max_size=40))
+def test_decoder_reassembles_any_chunking(messages, cuts):
+    data = stream_of(messages)
+    decoder = f.MessageDecoder(1000)
+    out: list[bytes] = []
+    pos, i = 0, 0
+    while pos < len(data):
+        step = cuts[i % len(cuts)]
+        out += [bytes(m) for compressed, m in decoder.feed(data[pos : pos + step]) if not compressed]
+        pos += step
+        i += 1
+    assert out == messages
+    assert not decoder.partial
+    decoder.close()
+
+
+def test_decoder_returns_writable_private_buffers():
+    data = stream_of([b"abc", b""])
+    messages = f.MessageDecoder().feed(data)
+    assert [(c, bytes(m)) for c, m in messages] == [(False, b"abc"), (False, b"")]
+    assert all(isinstance(m, bytearray) for _, m in messages)
+
+
+def test_decoder_limits_declared_length_before_the_payload():
+    decoder = f.MessageDecoder(10)
+    with pytest.raises(f.FramingError) as e:
+        decoder.feed(b"\x00\x00\x00\x00\x0b")
+    assert e.value.status == GRPC_RESOURCE_EXHAUSTED
+    assert "(11 vs. 10)" in e.value.message
+    assert f.MessageDecoder(10).feed(b"\x00\x00\x00\x00\x0a" + b"x" * 10)[0][1] == b"x" * 10
+
+
+def test_decoder_rejects_unknown_flag_and_truncation():
+    with pytest.raises(f.FramingError) as e:
+        f.MessageDecoder().feed(b"\x05\x00\x00\x00\x00")
+    assert e.value.status == GRPC_INTERNAL
+    for partial in (b"\x00\x00", b"\x00\x00\x00\x00\x04ab"):
+        decoder = f.MessageDecoder()
+        assert decoder.feed(partial) == []
+        assert decoder.partial
+        with pytest.raises(f.FramingError, match="incomplete"):
+            decoder.close()
+
+
+def test_compressed_flag_is_reported():
+    assert f.MessageDecoder().feed(f.frame([b"z"], 1, compressed=True)) == [(True, bytearray(b"z"))]
+    assert f.frame_prefix(3, True) == b"\x01\x00\x00\x00\x03"
+
+
+@pytest.mark.parametrize(
+    "value, seconds",
+    [("1H", 3600), ("2M", 120), ("3S", 3), ("250m", 0.25), ("7u", 7e-6), ("99999999n", 0.099999999)],
+)
+def test_parse_timeout(value, seconds):
+    assert f.parse_timeout(value) == pytest.approx(seconds)
+    assert f.parse_timeout(value.encode()) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("value", ["", "S", "1", "123456789S", "1s", "-1S", "1.5S", "１S"])
+def test_parse_timeout_rejects_malformed(value):
+    with pytest.raises(ValueError):
+        f.parse_timeout(value)
+
+
+@given(st.floats(0, 1e9))
+def test_format_timeout_round_trips_within_a_unit(seconds):
+    value = f.format_timeout(seconds)
+    assert len(value) <= 9
+    parsed = f.parse_timeout(value)
+    assert parsed >= seconds * (1 - 1e-9) - 1e-9
+    assert parsed <= max(seconds * 1.001, seconds + 1e-6)
+
+
+@given(st.text())
+def test_grpc_message_round_trip(text):
+    encoded = f.encode_grpc_message(text)
+    assert all(0x20 <= ord(c) < 0x7F for c in encoded)
+    assert f.decode_grpc_message(encoded) == text.encode("utf-8", "replace").decode("utf-8", "replace")
+
+
+def test_grpc_message_examples():
+    assert f.encode_grpc_message("plain text") == "plain text"
+    assert f.encode_grpc_message("100% ü\n") == "100%25 %C3%BC%0A"
+    assert f.decode_grpc_message(b"bad %zz escape %4") == "bad %zz escape %4"
+
+
+@given(st.binary())
+def test_binary_header_round_trip_padded_or_not(value):
+    assert f.decode_binary_header(f.encode_binary_header(value)) == value
+    assert f.decode_binary_header(base64.b64encode(value)) == value
+
+
+def test_metadata_decoding():
+    headers = [(b":path", b"/x"), (b"content-type", b"application/grpc"), (b"grpc-timeout", b"1S"),
+               (b"x-user", b"alice"), (b"x-blob-bin", b"AP8")]
+    assert f.decode_metadata(headers) == [("x-user", "alice"), ("x-blob-bin", b"\x00\xff")]
+    with pytest.raises(ValueError):
+        f.decode_metadata([(b"x-bin", b"***")])
+
+
+def test_gzip_round_trip_and_limits():
+    data = b"tensor" * 1000
+    assert f.gzip_decompress(f.gzip_compress(data), len(data)) == data
+    assert f.gzip_decompress(gzip.compress(data), len(data)) == data
+    with pytest.raises(f.FramingError) as e:
+        f.gzip_decompress(gzip.compress(b"\x00" * 10_000_000), 1000)
+    assert e.value.status == GRPC_RESOURCE_EXHAUSTED
+    for bad in (b"not gzip", gzip.compress(data)[:-5]):
+        with pytest.raises(f.FramingError) as e:
+            f.gzip_decompress(bad, 10**6)
+        assert e.value.status == GRPC_INTERNAL
+
+
+def test_check_encoding():
+    for ok in (None, "identity", "gzip"):
+        f.check_encoding(ok)
+    with pytest.raises(f.FramingError) as e:
+        f.check_encoding("snappy")
+    assert e.value.status == GRPC_UNIMPLEMENTED and "snappy" in e.value.message

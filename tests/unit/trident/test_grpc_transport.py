@@ -1,0 +1,435 @@
+"""The gRPC transport (trident.grpc.transport / serve) with a test method table.
+
+Raw HTTP/2 clients (e2e.grpc_raw) send what real clients never do; grpcio (in a worker thread)
+checks interoperability. The handlers record what the server side saw (cancellations, metadata).
+"""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+from functools import partial
+
+import grpc
+import h2.errors
+import h2.settings
+import pytest
+import trio
+
+from e2e.grpc_raw import frame, open_raw
+from trident.errors import (
+    GRPC_DEADLINE_EXCEEDED,
+    GRPC_INTERNAL,
+    GRPC_INVALID_ARGUMENT,
+    GRPC_OK,
+    GRPC_RESOURCE_EXHAUSTED,
+    GRPC_UNIMPLEMENTED,
+    invalid_arg,
+)
+from trident.grpc.serve import serve_methods
+from trident.grpc.transport import Call, GrpcError, Method, TransportConfig
+
+MAX = 64 * 1024
+WINDOW = 65536
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+        self.release = trio.Event()
+        self.started = trio.Event()
+        self.received: list[bytes] = []
+        self.metadata: list = []
+
+
+def methods(rec: Recorder) -> dict[str, Method]:
+    async def echo(call: Call, message: bytearray):
+        return [bytes(message)], len(message)
+
+    async def fail(call: Call, message: bytearray):
+        if message == b"triton":
+            raise invalid_arg("bad input: ünïcode 100%")
+        if message == b"crash":
+            raise RuntimeError("handler bug")
+        raise GrpcError(GRPC_INVALID_ARGUMENT, "nope")
+
+    async def wait(call: Call, message: bytearray):
+        rec.started.set()
+        try:
+            await rec.release.wait()
+        except trio.Cancelled:
+            rec.cancelled.append("wait")
+            raise
+        return [b"done"], 4
+
+    async def meta(call: Call, message: bytearray):
+        rec.metadata = call.metadata
+        return [b"ok"], 2
+
+    async def slow_reader(call: Call):
+        try:
+            rec.started.set()
+            await rec.release.wait()
+            while (m := await call.recv()) is not None:
+                rec.received.append(bytes(m))
+        except trio.Cancelled:
+            rec.cancelled.append("slow_reader")
+            raise
+
+    async def flood(call: Call):
+        try:
+            await call.recv()
+            chunk = b"x" * 16384
+            for _ in range(64):
+                await call.send_message([chunk], len(chunk))
+        except trio.Cancelled:
+            rec.cancelled.append("flood")
+            raise
+
+    async def bidi(call: Call):
+        while (m := await call.recv()) is not None:
+            await call.send_message([bytes(m)], len(m))
+
+    table = {"Echo": Method(echo), "Fail": Method(fail), "Wait": Method(wait), "Meta": Method(meta),
+             "SlowReader": Method(slow_reader, streaming=True), "Flood": Method(flood, streaming=True),
+             "Bidi": Method(bidi, streaming=True)}
+    return {f"/test.T/{name}": m for name, m in table.items()}
+
+
+@pytest.fixture
+async def served(nursery):
+    rec = Recorder()
+    config = TransportConfig(max_message_size=MAX, initial_window_size=WINDOW, compression_level=6)
+    scope = trio.CancelScope()
+
+    async def run(task_status):
+        with scope:
+            await serve_methods(methods(rec), config, host="127.0.0.1", port=0, grace_period=5,
+                                task_status=task_status)
+
+    port = await nursery.start(run)
+    return port, rec, scope
+
+
+def grpcio(port: int, fn):
+    """Run ``fn(channel)`` with a grpcio channel in a worker thread."""
+
+    def work():
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            return fn(channel)
+
+    return trio.to_thread.run_sync(work)
+
+
+async def test_unary_round_trip_and_headers(served):
+    port, _, _ = served
+    async with open_raw(port) as c:
+        s = await c.unary("/test.T/Echo", b"hello")
+    assert s.status == GRPC_OK
+    assert s.messages() == [b"hello"]
+    assert s.headers[b":status"] == b"200"
+    assert s.headers[b"content-type"] == b"application/grpc"
+    assert b"gzip" in s.headers[b"grpc-accept-encoding"]
+
+
+async def test_errors_map_to_statuses_with_percent_encoded_messages(served):
+    port, _, _ = served
+
+    def calls(channel):
+        out = []
+        for payload in (b"triton", b"other", b"crash"):
+            try:
+                channel.unary_unary("/test.T/Fail")(payload)
+            except grpc.RpcError as e:
+                out.append((e.code(), e.details()))
+        return out
+
+    results = await grpcio(port, calls)
+    assert results[0] == (grpc.StatusCode.INVALID_ARGUMENT, "bad input: ünïcode 100%")
+    assert results[1] == (grpc.StatusCode.INVALID_ARGUMENT, "nope")
+    assert results[2][0] == grpc.StatusCode.INTERNAL and "handler bug" in results[2][1]
+    async with open_raw(port) as c:
+        s = await c.unary("/test.T/Fail", b"triton")
+    assert (s.trailers or s.headers)[b"grpc-message"] == b"bad input: %C3%BCn%C3%AFcode 100%25"
+
+
+async def test_unknown_service_and_method_are_unimplemented(served):
+    port, _, _ = served
+    async with open_raw(port) as c:
+        method = await c.unary("/test.T/Missing", b"")
+        service = await c.unary("/other.Service/Echo", b"")
+    assert (method.status, method.message) == (GRPC_UNIMPLEMENTED, "unknown method Missing for service test.T")
+    assert (service.status, service.message) == (GRPC_UNIMPLEMENTED, "unknown service other.Service")
+
+
+async def test_wrong_content_type_and_method(served):
+    port, _, _ = served
+    async with open_raw(port) as c:
+        s = await c.unary("/test.T/Echo", b"x", content_type=b"application/json")
+        assert s.headers[b":status"] == b"415"
+        assert s.status == GRPC_INVALID_ARGUMENT
+        get = await c.open("/test.T/Echo", extra=[], end_stream=False)
+        # a second request with GET: build it by hand
+        sid = c.h2.get_next_available_stream_id()
+        from e2e.grpc_raw import RawStream
+
+        c.streams[sid] = raw = RawStream(sid)
+        c.h2.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/test.T/Echo"),
+                                (b":authority", b"x"), (b"content-type", b"application/grpc")], end_stream=True)
+        await c.flush()
+        await raw.closed.wait()
+        assert raw.headers[b":status"] == b"405"
+        await c.reset(get)
+        ok = await c.unary("/test.T/Echo", b"still fine")
+        assert ok.messages() == [b"still fine"]
+
+
+async def test_declared_length_beyond_limit_is_resource_exhausted_before_the_payload(served):
+    port, _, _ = served
+    async with open_raw(port) as c:
+        s = await c.open("/test.T/Echo")
+        await c.send(s, b"\x00" + (MAX + 1).to_bytes(4, "big"))  # the prefix only; never the payload
+        await s.closed.wait()
+        assert s.status == GRPC_RESOURCE_EXHAUSTED
+        assert f"({MAX + 1} vs. {MAX})" in s.message
+        assert (await c.unary("/test.T/Echo", b"next")).messages() == [b"next"]
+
+
+async def test_truncated_message_and_bad_flag_are_internal(served):
+    port, _, _ = served
+    async with open_raw(port) as c:
+        s = await c.open("/test.T/Echo")
+        await c.send(s, b"\x00\x00\x00\x00\x64" + b"0123456789", end_stream=True)
+        await s.closed.wait()
+        assert s.status == GRPC_INTERNAL and "incomplete" in s.message
+        s = await c.open("/test.T/Echo")
+        await c.send(s, b"\x02\x00\x00\x00\x01x", end_stream=True)
+        await s.closed.wait()
+        assert s.status == GRPC_INTERNAL and "flag" in s.message
+        s = await c.open("/test.T/Echo", end_stream=True)
+        await s.closed.wait()
+        assert s.status == GRPC_INTERNAL and "without a request message" in s.message
+        s = await c.open("/test.T/Echo")
+        await c.send(s, frame(b"a") + frame(b"b"), end_stream=True)
+        await s.closed.wait()
+        assert s.status == GRPC_INTERNAL and "more than one" in s.message
+
+
+async def test_gzip_requests_and_responses(served):
+    port, _, _ = served
+    gz = [(b"grpc-encoding", b"gzip"), (b"grpc-accept-encoding", b"gzip")]
+    async with open_raw(port) as c:
+        s = await c.open("/test.T/Echo", extra=gz)
+        await c.send(s, frame(gzip.compress(b"packed" * 100), compressed=True), end_stream=True)
+        await s.closed.wait()
+        assert s.status == GRPC_OK
+        # responses are compressed only for handlers that mark them compressible
+        assert s.messages() == [b"packed" * 100]
+        bomb = await c.open("/test.T/Echo", extra=gz)
+        await c.send(bomb, frame(gzip.compress(b"\x00" * (MAX * 4)), compressed=True), end_stream=True)
+        await bomb.closed.wait()
+        assert bomb.status == GRPC_RESOURCE_EXHAUSTED
+        br = await c.unary("/test.T/Echo", b"x", extra=[(b"grpc-encoding", b"br")])
+        assert br.status == GRPC_UNIMPLEMENTED and "br" in br.message
+        assert br.headers[b"grpc-accept-encoding"] == b"identity,gzip"
+        no_encoding = await c.open("/test.T/Echo")
+        await c.send(no_encoding, frame(gzip.compress(b"x"), compressed=True), end_stream=True)
+        await no_encoding.closed.wait()
+        assert no_encoding.status == GRPC_INTERNAL
+
+
+async def test_grpc_timeout_cancels_the_handler(served):
+    port, rec, _ = served
+    async with open_raw(port) as c:
+        s = await c.unary("/test.T/Wait", b"", extra=[(b"grpc-timeout", b"100m")])
+        assert (s.status, s.message) == (GRPC_DEADLINE_EXCEEDED, "Deadline Exceeded")
+        bad = await c.unary("/test.T/Echo", b"", extra=[(b"grpc-timeout", b"soon")])
+        assert bad.status == GRPC_INTERNAL and "grpc-timeout" in bad.message
+    assert rec.cancelled == ["wait"]
+
+
+async def test_grpcio_deadline_and_cancel(served):
+    port, rec, _ = served
+
+    def call(channel):
+        try:
+            channel.unary_unary("/test.T/Wait")(b"", timeout=0.2)
+        except grpc.RpcError as e:
+            return e.code()
+
+    assert await grpcio(port, call) == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert rec.cancelled == ["wait"]
+
+
+async def test_rst_stream_mid_message_cancels_the_call_and_keeps_the_connection(served):
+    port, rec, _ = served
+    rec.release.set()
+    async with open_raw(port) as c:
+        s = await c.open("/test.T/SlowReader")
+        await c.send(s, b"\x00\x00\x00\x01\x00" + b"y" * 100)  # 100 of 256 bytes
+        await rec.started.wait()
+        await c.reset(s)
+        assert (await c.unary("/test.T/Echo", b"after")).messages() == [b"after"]
+    with trio.fail_after(5):
+        while rec.cancelled != ["slow_reader"]:
+            await trio.sleep(0.01)
+
+
+async def test_a_slow_handler_holds_back_only_its_own_stream(served):
+    port, rec, _ = served
+    message = frame(b"m" * 1000)
+    async with open_raw(port) as c:
+        s = await c.open("/test.T/SlowReader")
+        sent = 0
+        while c.h2.local_flow_control_window(s.stream_id) >= len(message):
+            await c.send(s, message)
+            sent += 1
+        # a round trip on another stream: the server has seen everything sent so far
+        assert (await c.unary("/test.T/Echo", b"ping")).messages() == [b"ping"]
+        assert c.h2.local_flow_control_window(s.stream_id) < len(message), "window reopened unread"
+        rec.release.set()
+        await c.send(s, message, end_stream=True)  # waits until the handler's reads reopen the window
+        await s.closed.wait()
+    assert s.status == GRPC_OK
+    assert len(rec.received) == sent + 1
+
+
+async def test_a_client_that_never_reads_blocks_only_itself(served):
+    port, rec, _ = served
+    async with open_raw(port, read_window=False) as stuck:
+        s = await stuck.open("/test.T/Flood")
+        await stuck.send(s, frame(b"go"))
+        with trio.fail_after(10):
+            while len(s.data) < 65535:
+                await s.changed.wait()
+        async with open_raw(port) as other:
+            assert (await other.unary("/test.T/Echo", b"free")).messages() == [b"free"]
+        assert s.status is None
+    with trio.fail_after(5):
+        while rec.cancelled != ["flood"]:
+            await trio.sleep(0.01)
+
+
+async def test_concurrent_streams_on_one_connection(served):
+    port, _, _ = served
+    results: list = []
+    async with open_raw(port) as c:
+        async with trio.open_nursery() as n:
+            for i in range(200):
+                async def one(i=i):
+                    s = await c.unary("/test.T/Echo", str(i).encode())
+                    results.append((s.status, s.messages(), i))
+                n.start_soon(one)
+    assert len(results) == 200
+    assert all(status == GRPC_OK and msgs == [str(i).encode()] for status, msgs, i in results)
+
+
+async def test_grpcio_bidi_stream_and_metadata(served):
+    port, rec, _ = served
+
+    def calls(channel):
+        replies = list(channel.stream_stream("/test.T/Bidi")(iter([b"a", b"bb", b"ccc"] * 100)))
+        channel.unary_unary("/test.T/Meta")(b"", metadata=[("x-text", "hi"), ("x-blob-bin", b"\x00\xff\x10")])
+        return replies
+
+    assert await grpcio(port, calls) == [b"a", b"bb", b"ccc"] * 100
+    assert ("x-text", "hi") in rec.metadata
+    assert ("x-blob-bin", b"\x00\xff\x10") in rec.metadata
+    async with open_raw(port) as c:
+        s = await c.unary("/test.T/Meta", b"", extra=[(b"x-bad-bin", b"!!!")])
+    assert s.status == GRPC_INTERNAL
+
+
+async def test_pings_are_answered_and_garbage_closes_only_that_connection(served):
+    port, _, _ = served
+    async with open_raw(port) as c:
+        c.h2.ping(b"keepaliv")
+        await c.flush()
+        with trio.fail_after(5):
+            while not c.ping_acks:
+                await trio.sleep(0.01)
+        assert c.ping_acks == [b"keepaliv"]
+    sock = await trio.open_tcp_stream("127.0.0.1", port)
+    await sock.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 10)
+    with trio.fail_after(5):
+        while await sock.receive_some(65536):
+            pass
+    await sock.aclose()
+    async with open_raw(port) as c:
+        assert (await c.unary("/test.T/Echo", b"alive")).messages() == [b"alive"]
+
+
+async def test_drain_sends_goaway_and_lets_calls_finish(served):
+    port, rec, scope = served
+    async with open_raw(port) as c:
+        s = await c.open("/test.T/Wait")
+        await c.send(s, frame(b""), end_stream=True)
+        await rec.started.wait()
+        scope.cancel()
+        with trio.fail_after(5):
+            while c.goaway is None:
+                await trio.sleep(0.01)
+        assert c.goaway.error_code == h2.errors.ErrorCodes.NO_ERROR
+        assert c.goaway.last_stream_id == s.stream_id
+        rec.release.set()
+        await s.closed.wait()
+        assert s.status == GRPC_OK and s.messages() == [b"done"]
+        await c.closed.wait()
+    assert rec.cancelled == []
+
+
+async def test_drain_grace_period_cancels_what_is_left(nursery):
+    rec = Recorder()
+    scope = trio.CancelScope()
+    done = trio.Event()
+
+    async def run(task_status):
+        with scope:
+            await serve_methods(methods(rec), TransportConfig(), host="127.0.0.1", port=0, grace_period=0.2,
+                                task_status=task_status)
+        done.set()
+
+    port = await nursery.start(run)
+    async with open_raw(port) as c:
+        s = await c.open("/test.T/Wait")
+        await c.send(s, frame(b""), end_stream=True)
+        await rec.started.wait()
+        scope.cancel()
+        with trio.fail_after(5):
+            await done.wait()
+    assert rec.cancelled == ["wait"]
+
+
+async def test_settings_are_advertised_and_honoured(served):
+    port, _, _ = served
+    async with open_raw(port) as c:
+        with trio.fail_after(5):
+            while c.h2.remote_settings.max_concurrent_streams != 1000:
+                await c.window_changed.wait()
+        assert c.h2.remote_settings.initial_window_size == WINDOW
+        assert c.h2.remote_settings[h2.settings.SettingCodes.MAX_FRAME_SIZE] == 1024 * 1024
+        big = b"f" * 60000  # one DATA frame, larger than HTTP/2's default 16 KiB frames
+        assert (await c.unary("/test.T/Echo", big)).messages() == [big]
+
+
+async def test_tls_with_alpn(nursery, tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    from types import SimpleNamespace
+
+    from trident.grpc.serve import ssl_context
+
+    context = ssl_context(SimpleNamespace(grpc_use_ssl=True, grpc_server_cert=str(cert), grpc_server_key=str(key)))
+    port = await nursery.start(partial(serve_methods, methods(Recorder()), TransportConfig(), host="127.0.0.1",
+                                       port=0, ssl_context=context))
+
+    def call():
+        credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        with grpc.secure_channel(f"localhost:{port}", credentials) as channel:
+            return channel.unary_unary("/test.T/Echo")(b"secret")
+
+    assert await trio.to_thread.run_sync(call) == b"secret"
+    with pytest.raises(ValueError, match="grpc-server-cert"):
+        ssl_context(SimpleNamespace(grpc_use_ssl=True, grpc_server_cert="", grpc_server_key=""))

@@ -1,0 +1,168 @@
+"""The gRPC listener: accept loop, TLS, per-connection tasks and graceful drain.
+
+:func:`serve_grpc` serves Triton's ``inference.GRPCInferenceService`` and
+``grpc.health.v1.Health`` for a :class:`trident.server.Server`; :func:`serve_methods` serves any
+table of :class:`~trident.grpc.transport.Method` (tests use it with their own handlers).
+
+Options read from ``server.options`` (tritonserver's flag names): ``grpc_max_message_size``,
+``grpc_use_ssl``, ``grpc_server_cert``, ``grpc_server_key``, ``grpc_root_cert``,
+``grpc_use_ssl_mutual``, ``grpc_infer_response_compression_level`` (none|low|medium|high),
+``grpc_header_forward_pattern`` and ``exit_timeout_secs`` (the drain grace period).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import ssl
+from typing import Any
+
+import trio
+
+from trident.grpc.transport import Connection, Method, TransportConfig
+from trident.protocol import grpc_framing
+
+log = logging.getLogger("trident.grpc")
+
+# tritonserver --grpc-infer-response-compression-level -> gzip level
+COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 6, "high": 9}
+_HANDSHAKE_TIMEOUT = 10.0
+_ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+
+
+def transport_config(options: Any) -> TransportConfig:
+    """TransportConfig from server options. Raises ValueError for an unknown compression level."""
+    level = str(getattr(options, "grpc_infer_response_compression_level", "none")).lower()
+    if level not in COMPRESSION_LEVELS:
+        raise ValueError(f"unknown --grpc-infer-response-compression-level '{level}' "
+                         f"(expected one of {', '.join(COMPRESSION_LEVELS)})")
+    return TransportConfig(
+        max_message_size=int(getattr(options, "grpc_max_message_size", grpc_framing.DEFAULT_MAX_MESSAGE_SIZE)),
+        compression_level=COMPRESSION_LEVELS[level],
+    )
+
+
+def ssl_context(options: Any) -> ssl.SSLContext | None:
+    """Server TLS context (ALPN h2) when ``grpc_use_ssl`` is set, else None.
+
+    Raises ValueError when the certificate or key is missing, OSError/ssl.SSLError when they
+    cannot be loaded. With ``grpc_use_ssl_mutual`` clients must present a certificate signed by
+    ``grpc_root_cert``.
+    """
+    if not getattr(options, "grpc_use_ssl", False):
+        return None
+    cert, key = getattr(options, "grpc_server_cert", ""), getattr(options, "grpc_server_key", "")
+    if not (cert and key):
+        raise ValueError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    context.set_alpn_protocols(["h2"])
+    root = getattr(options, "grpc_root_cert", "")
+    if getattr(options, "grpc_use_ssl_mutual", False):
+        if not root:
+            raise ValueError("--grpc-use-ssl-mutual needs --grpc-root-cert")
+        context.load_verify_locations(root)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+async def serve_grpc(server: Any, *, host: str, port: int, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve Triton's gRPC API for ``server`` on ``host:port`` until cancelled.
+
+    ``port`` 0 picks a free port; the bound port is reported through ``task_status.started``.
+    On cancellation: stop accepting, send GOAWAY on every connection, let in-flight calls
+    finish for up to ``server.options.exit_timeout_secs``, then cancel what is left.
+    Raises OSError when the address cannot be bound, ValueError/ssl.SSLError for bad TLS options.
+    """
+    from trident.grpc.service import build_methods
+
+    await serve_methods(
+        build_methods(server),
+        transport_config(server.options),
+        host=host,
+        port=port,
+        ssl_context=ssl_context(server.options),
+        grace_period=float(getattr(server.options, "exit_timeout_secs", 30.0)),
+        task_status=task_status,
+    )
+
+
+async def serve_methods(
+    methods: dict[str, Method],
+    config: TransportConfig,
+    *,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None = None,
+    grace_period: float = 30.0,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``methods`` over gRPC until cancelled (see :func:`serve_grpc` for the drain)."""
+    listeners = await trio.open_tcp_listeners(port, host=host or None)
+    bound = listeners[0].socket.getsockname()[1]
+    connections: set[Connection] = set()
+    draining = False
+
+    async def handle(stream: trio.abc.Stream) -> None:
+        try:
+            if ssl_context is not None:
+                stream = trio.SSLStream(stream, ssl_context, server_side=True)
+                with trio.move_on_after(_HANDSHAKE_TIMEOUT) as handshake:
+                    await stream.do_handshake()
+                if handshake.cancelled_caught:
+                    raise trio.BrokenResourceError("TLS handshake timed out")
+            conn = Connection(stream, methods, config)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            log.debug("gRPC connection failed before HTTP/2: %s", e)
+            await trio.aclose_forcefully(stream)
+            return
+        connections.add(conn)
+        if draining:
+            conn.start_drain()
+        try:
+            await conn.run()
+        except Exception:
+            log.exception("gRPC connection failed")  # one connection's failure never stops the server
+        finally:
+            connections.discard(conn)
+
+    async with trio.open_nursery() as outer:
+        conn_nursery, conn_scope, stop = await outer.start(_connection_nursery)
+        try:
+            async with trio.open_nursery() as acceptors:
+                for listener in listeners:
+                    acceptors.start_soon(_accept_loop, listener, conn_nursery, handle)
+                log.info("gRPC server listening on %s:%d%s", host, bound, " (TLS)" if ssl_context else "")
+                task_status.started(bound)
+        finally:
+            draining = True
+            with trio.CancelScope(shield=True):
+                for listener in listeners:
+                    await trio.aclose_forcefully(listener)
+            conn_scope.deadline = trio.current_time() + grace_period
+            for conn in list(connections):
+                conn.start_drain()
+            stop.set()
+
+
+async def _connection_nursery(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """A nursery for connections shielded from the server's cancellation, so that they drain;
+    its scope's deadline (set when the drain starts) bounds the grace period."""
+    stop = trio.Event()
+    with trio.CancelScope(shield=True) as scope:
+        async with trio.open_nursery() as nursery:
+            task_status.started((nursery, scope, stop))
+            await stop.wait()
+
+
+async def _accept_loop(listener: trio.SocketListener, nursery: trio.Nursery, handle: Any) -> None:
+    while True:
+        try:
+            stream = await listener.accept()
+        except OSError as e:
+            if e.errno not in _ACCEPT_RETRY_ERRNOS:
+                raise
+            log.error("accept() failed (%s); retrying in 100 ms", e)
+            await trio.sleep(0.1)
+            continue
+        nursery.start_soon(handle, stream)

@@ -1,0 +1,302 @@
+"""``inference.GRPCInferenceService`` and ``grpc.health.v1.Health`` over the :class:`Server` facade.
+
+ModelInfer and ModelStreamInfer go through the hand-written codec
+(:mod:`trident.protocol.grpc_codec`); the other RPCs use the betterproto2 messages generated
+from ``protocol/grpc_service.proto``. Errors are TritonErrors whose status comes from
+:func:`trident.errors.grpc_status`; the shared-memory RPCs answer UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import betterproto2
+import trio
+
+from trident.errors import GRPC_INTERNAL, TritonError, invalid_arg, unsupported
+from trident.grpc.transport import Call, GrpcError, Method
+from trident.protocol import grpc_codec
+from trident.protocol.generated import inference as pb
+from trident.protocol.generated.grpc.health import v1 as health
+from trident.stats import Duration, ModelStatistics
+from trident.types import InferenceRequest, InferenceResponse, ParamValue
+
+log = logging.getLogger("trident.grpc")
+
+SERVICE = "inference.GRPCInferenceService"
+HEALTH_SERVICE = "grpc.health.v1.Health"
+# requests of one ModelStreamInfer call in flight at once; beyond it the stream's window closes
+MAX_STREAM_INFLIGHT = 1024
+
+_SHM_MESSAGE = (
+    "the {} shared-memory extension is not supported by trident; send tensor data in the request "
+    "(raw_input_contents or contents)"
+)
+
+
+def _reply(message: betterproto2.Message) -> tuple[list[bytes], int]:
+    data = bytes(message)
+    return [data], len(data)
+
+
+def _parse(cls: type[Any], data: bytearray) -> Any:
+    try:
+        return cls.parse(bytes(data))
+    except Exception as e:  # betterproto2 raises EOFError, ValueError, KeyError... on bad input
+        raise GrpcError(GRPC_INTERNAL, f"failed to parse {cls.__name__}: {e}") from None
+
+
+def _duration(d: Duration) -> pb.StatisticDuration:
+    return pb.StatisticDuration(count=d.count, ns=d.ns)
+
+
+def statistics_message(s: ModelStatistics) -> pb.ModelStatistics:
+    """trident.stats.ModelStatistics -> inference.ModelStatistics."""
+    return pb.ModelStatistics(
+        name=s.name,
+        version=s.version,
+        last_inference=s.last_inference,
+        inference_count=s.inference_count,
+        execution_count=s.execution_count,
+        inference_stats=pb.InferStatistics(
+            success=_duration(s.success), fail=_duration(s.fail), queue=_duration(s.queue),
+            compute_input=_duration(s.compute_input), compute_infer=_duration(s.compute_infer),
+            compute_output=_duration(s.compute_output), cache_hit=_duration(s.cache_hit),
+            cache_miss=_duration(s.cache_miss),
+        ),
+        batch_stats=[
+            pb.InferBatchStatistics(
+                batch_size=b.batch_size, compute_input=_duration(b.compute_input),
+                compute_infer=_duration(b.compute_infer), compute_output=_duration(b.compute_output),
+            )
+            for b in s.batch_stats
+        ],
+    )
+
+
+def _log_value(value: Any) -> pb.LogSettingsResponseSettingValue:
+    if isinstance(value, bool):
+        return pb.LogSettingsResponseSettingValue(bool_param=value)
+    if isinstance(value, int):
+        return pb.LogSettingsResponseSettingValue(uint32_param=value)
+    return pb.LogSettingsResponseSettingValue(string_param=str(value))
+
+
+class InferenceService:
+    """The RPC handlers; :meth:`methods` is the table the transport serves."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        pattern = getattr(server.options, "grpc_header_forward_pattern", "")
+        self.forward = re.compile(pattern, re.IGNORECASE) if pattern else None
+
+    def methods(self) -> dict[str, Method]:
+        unary = {
+            "ServerLive": self.server_live, "ServerReady": self.server_ready, "ModelReady": self.model_ready,
+            "ServerMetadata": self.server_metadata, "ModelMetadata": self.model_metadata,
+            "ModelInfer": self.model_infer, "ModelConfig": self.model_config,
+            "ModelStatistics": self.model_statistics, "RepositoryIndex": self.repository_index,
+            "RepositoryModelLoad": self.repository_model_load,
+            "RepositoryModelUnload": self.repository_model_unload,
+            "SystemSharedMemoryStatus": self.system_shared_memory,
+            "SystemSharedMemoryRegister": self.system_shared_memory,
+            "SystemSharedMemoryUnregister": self.system_shared_memory,
+            "CudaSharedMemoryStatus": self.cuda_shared_memory,
+            "CudaSharedMemoryRegister": self.cuda_shared_memory,
+            "CudaSharedMemoryUnregister": self.cuda_shared_memory,
+            "TraceSetting": self.trace_setting, "LogSettings": self.log_settings,
+        }
+        table = {f"/{SERVICE}/{name}": Method(handler) for name, handler in unary.items()}
+        table[f"/{SERVICE}/ModelStreamInfer"] = Method(self.model_stream_infer, streaming=True)
+        table[f"/{HEALTH_SERVICE}/Check"] = Method(self.health_check)
+        return table
+
+    # ---- health and metadata --------------------------------------------------------------
+
+    async def server_live(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        _parse(pb.ServerLiveRequest, data)
+        return _reply(pb.ServerLiveResponse(live=self.server.is_live()))
+
+    async def server_ready(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        _parse(pb.ServerReadyRequest, data)
+        return _reply(pb.ServerReadyResponse(ready=self.server.is_ready()))
+
+    async def model_ready(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = _parse(pb.ModelReadyRequest, data)
+        return _reply(pb.ModelReadyResponse(ready=self.server.model_ready(request.name, request.version)))
+
+    async def health_check(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        _parse(health.HealthCheckRequest, data)
+        status = (health.HealthCheckResponseServingStatus.SERVING if self.server.is_ready()
+                  else health.HealthCheckResponseServingStatus.NOT_SERVING)
+        return _reply(health.HealthCheckResponse(status=status))
+
+    async def server_metadata(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        _parse(pb.ServerMetadataRequest, data)
+        meta = self.server.metadata()
+        return _reply(pb.ServerMetadataResponse(
+            name=meta["name"], version=meta["version"], extensions=list(meta["extensions"])))
+
+    async def model_metadata(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = _parse(pb.ModelMetadataRequest, data)
+        meta = self.server.model_metadata(request.name, request.version)
+
+        def tensors(items: list[dict[str, Any]]) -> list[pb.ModelMetadataResponseTensorMetadata]:
+            return [pb.ModelMetadataResponseTensorMetadata(name=t["name"], datatype=t["datatype"],
+                                                           shape=[int(d) for d in t["shape"]]) for t in items]
+
+        return _reply(pb.ModelMetadataResponse(
+            name=meta["name"], versions=[str(v) for v in meta["versions"]], platform=meta["platform"],
+            inputs=tensors(meta["inputs"]), outputs=tensors(meta["outputs"])))
+
+    async def model_config(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = _parse(pb.ModelConfigRequest, data)
+        return _reply(pb.ModelConfigResponse(config=self.server.model_config(request.name, request.version)))
+
+    async def model_statistics(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = _parse(pb.ModelStatisticsRequest, data)
+        stats = self.server.model_statistics(request.name, request.version)
+        return _reply(pb.ModelStatisticsResponse(model_stats=[statistics_message(s) for s in stats]))
+
+    # ---- repository -----------------------------------------------------------------------
+
+    async def repository_index(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = _parse(pb.RepositoryIndexRequest, data)
+        entries = self.server.repository_index(request.ready)
+        return _reply(pb.RepositoryIndexResponse(models=[
+            pb.RepositoryIndexResponseModelIndex(name=e.name, version=e.version, state=e.state, reason=e.reason)
+            for e in entries]))
+
+    async def repository_model_load(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = _parse(pb.RepositoryModelLoadRequest, data)
+        config: str | None = None
+        files: dict[str, bytes] = {}
+        for key, param in request.parameters.items():
+            kind, value = betterproto2.which_one_of(param, "parameter_choice")
+            if key == "config":
+                if kind != "string_param":
+                    raise invalid_arg("the 'config' load parameter must be a string_param holding the JSON config")
+                config = value
+            elif key.startswith("file:"):
+                if kind != "bytes_param":
+                    raise invalid_arg(f"the '{key}' load parameter must be a bytes_param")
+                files[key[len("file:"):]] = bytes(value or b"")
+        if files and config is None:
+            raise invalid_arg("file overrides need the 'config' load parameter")
+        await self.server.load_model(request.model_name, config, files or None)
+        return _reply(pb.RepositoryModelLoadResponse())
+
+    async def repository_model_unload(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = _parse(pb.RepositoryModelUnloadRequest, data)
+        dependents = False
+        param = request.parameters.get("unload_dependents")
+        if param is not None:
+            kind, value = betterproto2.which_one_of(param, "parameter_choice")
+            if kind != "bool_param":
+                raise invalid_arg("the 'unload_dependents' parameter must be a bool_param")
+            dependents = bool(value)
+        await self.server.unload_model(request.model_name, dependents)
+        return _reply(pb.RepositoryModelUnloadResponse())
+
+    async def system_shared_memory(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        raise unsupported(_SHM_MESSAGE.format("system"))
+
+    async def cuda_shared_memory(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        raise unsupported(_SHM_MESSAGE.format("CUDA"))
+
+    # ---- settings -------------------------------------------------------------------------
+
+    async def log_settings(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = _parse(pb.LogSettingsRequest, data)
+        changes = {key: betterproto2.which_one_of(v, "parameter_choice")[1] for key, v in request.settings.items()}
+        current = self.server.update_log_settings(changes) if changes else self.server.log_settings()
+        return _reply(pb.LogSettingsResponse(settings={k: _log_value(v) for k, v in current.items()}))
+
+    async def trace_setting(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = _parse(pb.TraceSettingRequest, data)
+        changes = {key: (list(v.value) or None) for key, v in request.settings.items()}
+        if changes:
+            current = self.server.update_trace_settings(request.model_name, changes)
+        else:
+            current = self.server.trace_settings(request.model_name)
+        return _reply(pb.TraceSettingResponse(settings={
+            k: pb.TraceSettingResponseSettingValue(value=v if isinstance(v, list) else [str(v)])
+            for k, v in current.items()}))
+
+    # ---- inference ------------------------------------------------------------------------
+
+    def _request(self, call: Call, data: bytearray) -> InferenceRequest:
+        try:
+            request = grpc_codec.decode_model_infer_request(data)
+        except grpc_codec.DecodeError as e:
+            raise GrpcError(GRPC_INTERNAL, f"failed to parse ModelInferRequest: {e}") from None
+        if self.forward is not None:
+            for key, value in call.metadata:
+                if isinstance(value, str) and self.forward.fullmatch(key):
+                    request.parameters[key] = value
+        return request
+
+    async def model_infer(self, call: Call, data: bytearray) -> tuple[list[Any], int]:
+        """ModelInfer. Raises TritonError (decoupled models: UNSUPPORTED -> UNIMPLEMENTED)."""
+        request = self._request(call, data)
+        response = await self.server.infer(request)
+        call.compress_responses = True
+        return grpc_codec.encode_model_infer_response(response)
+
+    async def model_stream_infer(self, call: Call) -> None:
+        """ModelStreamInfer: each request runs in its own task; responses are sent as they come.
+
+        Errors of one request travel in-band (``error_message``) and the stream stays open.
+        Cancelling the call (client cancel, deadline, disconnect) cancels every request in flight.
+        """
+        call.compress_responses = True
+        slots = trio.Semaphore(MAX_STREAM_INFLIGHT)
+        async with trio.open_nursery() as nursery:
+            while True:
+                data = await call.recv()
+                if data is None:
+                    break
+                await slots.acquire()
+                try:
+                    request = self._request(call, data)
+                except (GrpcError, TritonError) as e:
+                    slots.release()
+                    await self._send_error(call, InferenceResponse(), e.message)
+                    continue
+                nursery.start_soon(self._stream_one, call, request, slots)
+
+    async def _stream_one(self, call: Call, request: InferenceRequest, slots: trio.Semaphore) -> None:
+        empty_final = request.parameters.get("triton_enable_empty_final_response") is True
+        stub = InferenceResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
+
+        async def send(response: InferenceResponse) -> None:
+            if response.error is not None:
+                await self._send_error(call, response if response.model_name else stub, response.error.message)
+                return
+            params: dict[str, ParamValue] = dict(response.parameters)
+            if params.pop("triton_flag_only", False) is True and not empty_final:
+                return
+            params["triton_final_response"] = response.final
+            parts, size = grpc_codec.encode_model_stream_infer_response(response, parameters=params)
+            await call.send_message(parts, size)
+
+        try:
+            await self.server.infer_stream(request, send)
+        except TritonError as e:
+            await self._send_error(call, stub, e.message)
+        finally:
+            slots.release()
+
+    async def _send_error(self, call: Call, response: InferenceResponse, message: str) -> None:
+        parts, size = grpc_codec.encode_model_stream_infer_response(
+            InferenceResponse(model_name=response.model_name, model_version=response.model_version, id=response.id),
+            error_message=message,
+        )
+        await call.send_message(parts, size)
+
+
+def build_methods(server: Any) -> dict[str, Method]:
+    """The transport's method table for ``server``."""
+    return InferenceService(server).methods()
