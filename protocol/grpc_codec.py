@@ -317,7 +317,11 @@ def _tensors(buf: Buffer, view: memoryview, model: str, inputs: list[_Input], ra
             array = np.empty(0, dtype=dtype)
         else:
             raise invalid_arg(f"expected tensor data for input tensor '{t.name}' for model '{model}'")
-        out.append(Tensor(t.name, t.datatype, tuple(t.shape), array.reshape(t.shape), t.parameters))
+        try:
+            array = array.reshape(t.shape)
+        except ValueError as e:  # more than 64 dimensions, or dimensions whose product overflows
+            raise invalid_arg(f"invalid shape {t.shape} for input '{t.name}' for model '{model}': {e}") from None
+        out.append(Tensor(t.name, t.datatype, tuple(t.shape), array, t.parameters))
     return out
 
 

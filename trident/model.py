@@ -14,7 +14,6 @@ assembly and a running one has its result discarded.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -25,33 +24,17 @@ import trio
 
 from trident import config as cfg
 from trident.backends import Backend, LoadContext, ModelInstance
-from trident.batching.queue import RequestQueue
+from trident.batching import make_scheduler
+from trident.batching.scheduler import Scheduler
 from trident.errors import Code, TritonError, internal, invalid_arg, unavailable
-from trident.protocol.classification import classify
+from trident.execution import BatchExecutor, Pending
 from trident.protocol.generated.inference import ModelConfig, ModelInstanceGroupKind
 from trident.stats import StatsRecorder
-from trident.types import InferenceRequest, InferenceResponse, Tensor
+from trident.types import InferenceRequest, InferenceResponse
 
 log = logging.getLogger("trident.model")
 
 SendResponse = Callable[[InferenceResponse], Awaitable[None]]
-
-
-class _Pending:
-    """A queued request and the channel its responses travel through."""
-
-    __slots__ = ("request", "batch_size", "send", "receive", "enqueued_ns", "exec_ns")
-
-    def __init__(self, request: InferenceRequest, batch_size: int) -> None:
-        self.request = request
-        self.batch_size = batch_size
-        self.send, self.receive = trio.open_memory_channel[InferenceResponse](math.inf)
-        self.enqueued_ns = time.monotonic_ns()
-        self.exec_ns: tuple[int, int, int] | None = None
-
-    @property
-    def cancelled(self) -> bool:
-        return self.request.cancelled
 
 
 class _TensorSpec:
@@ -102,7 +85,8 @@ class ModelVersion:
         self.stopped = trio.Event()
         self._idle = trio.Event()
         self._idle.set()
-        self._queue: RequestQueue[_Pending] = RequestQueue(self.max_batch_size, self._on_drop)
+        self.executor = BatchExecutor(self)
+        self.scheduler: Scheduler = make_scheduler(config, self.on_drop)
         self.inputs = {
             i.name: _TensorSpec(i.name, cfg.api_datatype(i.data_type), list(i.dims), bool(i.optional))
             for i in config.input
@@ -133,14 +117,16 @@ class ModelVersion:
             async with trio.open_nursery() as loads:
                 for i, ctx in enumerate(contexts):
                     loads.start_soon(self._load_instance, i, ctx)
+        except BaseExceptionGroup as group:
+            await self._finalize_instances()
+            raise error_of(_first_leaf(group)) from group
         except BaseException:
             await self._finalize_instances()
             raise
         if len(self.instances) != len(contexts):  # pragma: no cover - defensive
             raise internal(f"failed to load all instances of '{self.name}'")
         async with trio.open_nursery() as nursery:
-            for instance in self.instances:
-                nursery.start_soon(self._worker, instance)
+            nursery.start_soon(self.scheduler.run, list(self.instances), self.executor)
             self.state = "READY"
             task_status.started()
             await self._unload.wait()
@@ -206,88 +192,15 @@ class ModelVersion:
             except Exception:
                 log.exception("finalize of '%s' version %d failed", self.name, self.version)
 
-    # ---- execution ------------------------------------------------------------------------
-
-    async def _worker(self, instance: ModelInstance) -> None:
-        limiter = trio.CapacityLimiter(1)
-        while True:
-            batch = await self._queue.get_batch()
-            live = [p for p in batch if not p.request.cancelled]
-            for p in batch:
-                if p.request.cancelled:
-                    self._on_drop(p)
-            if not live:
-                continue
-            await self._execute(instance, live, limiter)
-
-    async def _execute(self, instance: ModelInstance, batch: list[_Pending], limiter: trio.CapacityLimiter) -> None:
-        start = time.monotonic_ns()
-        requests = [p.request for p in batch]
-        error: TritonError | None = None
-        responses: list[InferenceResponse] | None = None
-        try:
-            # a running kernel is never abandoned: shield the thread wait from cancellation
-            with trio.CancelScope(shield=True):
-                responses = await trio.to_thread.run_sync(instance.execute, requests, limiter=limiter)
-        except TritonError as e:
-            error = e
-        except Exception as e:
-            error = internal(f"{type(e).__name__}: {e}")
-        infer_end = time.monotonic_ns()
-        if error is None and (responses is None or len(responses) != len(batch)):
-            got = "None" if responses is None else f"{len(responses)} responses"
-            error = internal(f"model '{self.name}' returned {got} for a batch of {len(batch)} requests")
-        batch_size = sum(p.batch_size for p in batch)
-        for i, pending in enumerate(batch):
-            if error is not None:
-                response = InferenceResponse(error=error)
-            else:
-                assert responses is not None
-                response = self._finish_response(pending.request, responses[i])
-            pending.exec_ns = (start, infer_end, time.monotonic_ns())
-            try:
-                pending.send.send_nowait(response)
-            except trio.BrokenResourceError:  # the client went away while it ran
-                self.discarded += 1
-        end = time.monotonic_ns()
-        self.stats.record_execution(batch_size, 0, infer_end - start, end - infer_end)
-
-    def _finish_response(self, request: InferenceRequest, response: InferenceResponse) -> InferenceResponse:
-        """Name the response, keep the requested outputs in order, apply classification."""
-        response.model_name = self.name
-        response.model_version = str(self.version)
-        response.id = request.id
-        if response.error is not None:
-            return response
-        for tensor in response.outputs:
-            spec = self.outputs.get(tensor.name)
-            if spec is not None and spec.datatype == "BF16" and tensor.datatype == "UINT16":
-                tensor.datatype = "BF16"  # trident's BF16 representation is uint16 bit patterns
-        if request.outputs:
-            produced = {t.name: t for t in response.outputs}
-            selected: list[Tensor] = []
-            for wanted in request.outputs:
-                tensor = produced.get(wanted.name)
-                if tensor is None:
-                    response.error = internal(f"model '{self.name}' did not produce output '{wanted.name}'")
-                    response.outputs = []
-                    return response
-                k = wanted.parameters.get("classification")
-                if k:
-                    spec = self.outputs.get(wanted.name)
-                    tensor = classify(tensor, int(k), spec.labels if spec else None, self.max_batch_size > 0)
-                selected.append(tensor)
-            response.outputs = selected
-        return response
-
-    def _on_drop(self, pending: _Pending) -> None:
+    def on_drop(self, pending: Pending) -> None:
+        """A cancelled request left the queue without executing."""
         self.dropped += 1
 
     # ---- front door -----------------------------------------------------------------------
 
     def queued(self) -> int:
         """Requests waiting in the queue (not yet executing)."""
-        return len(self._queue)
+        return self.scheduler.queued()
 
     def is_ready(self) -> bool:
         return self.state == "READY"
@@ -302,19 +215,21 @@ class ModelVersion:
         if self.state != "READY":
             raise unavailable(f"model '{self.name}' version {self.version} is not ready (state {self.state})")
         batch_size = self.validate(request)
-        pending = _Pending(request, batch_size)
+        pending = Pending(request, batch_size, self.executor.finish)
         self.inflight += 1
         self._idle = trio.Event() if self.inflight == 1 else self._idle
         try:
-            self._queue.put(pending)
+            self.scheduler.enqueue(pending)
+            first = True
             async with pending.receive:
                 async for response in pending.receive:
-                    if response.error is not None and response.final:
+                    if response.error is not None and response.final and first:
                         self._record(pending, ok=False)
                         raise response.error
+                    first = False
                     await send(response)
                     if response.final:
-                        self._record(pending, ok=True)
+                        self._record(pending, ok=response.error is None)
                         return
         except trio.Cancelled:
             request.cancel()
@@ -325,7 +240,7 @@ class ModelVersion:
             if self.inflight == 0:
                 self._idle.set()
 
-    def _record(self, pending: _Pending, ok: bool) -> None:
+    def _record(self, pending: Pending, ok: bool) -> None:
         now = time.monotonic_ns()
         request_ns = now - pending.request.arrival_ns
         if not ok:
@@ -404,6 +319,13 @@ def _dims_match(shape: list[int], dims: list[int]) -> bool:
 
 def _fmt(shape: list[int]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 def error_of(exc: BaseException) -> TritonError:

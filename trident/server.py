@@ -145,7 +145,7 @@ class Server:
         if self._inflight == 0:
             self._drained.set()
 
-    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+    async def infer(self, request: InferenceRequest, *, endpoint: str = "HTTP end point") -> InferenceResponse:
         """Run a request that must give exactly one response.
 
         Raises TritonError: NOT_FOUND / UNAVAILABLE for the model, INVALID_ARG for the
@@ -154,7 +154,7 @@ class Server:
         """
         mv = self.repository.get(request.model_name, request.model_version)
         if mv.decoupled:
-            raise unsupported("HTTP end point doesn't support models with decoupled transaction policy")
+            raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         self._admit()
         try:
             result: list[InferenceResponse] = []
@@ -210,7 +210,7 @@ class Server:
 
     def _check_model_known(self, model: str) -> None:
         if model not in self.repository.names():
-            raise not_found(f"Request for unknown model: '{model}' is not found")
+            raise invalid_arg(f"Request for unknown model : {model}")
 
 
 @asynccontextmanager

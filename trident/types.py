@@ -82,6 +82,8 @@ class InferenceRequest:
     cancelled: bool = False
     arrival_ns: int = field(default_factory=time.monotonic_ns)
     trace: Any = None
+    #: where the request's responses go (trident.execution.Responder), set when it is queued
+    responder: Any = None
 
     def input(self, name: str) -> Tensor | None:
         for t in self.inputs:

@@ -13,14 +13,14 @@ import time
 import grpc
 import numpy as np
 import pytest
+import trio
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 import tritonclient.grpc.service_pb2 as pb
-import trio
-from tritonclient.utils import InferenceServerException
-
 from e2e.grpc_raw import frame, open_raw
 from e2e.models import SLOW_CONFIG, SLOW_PY, write_identity, write_model
+from tritonclient.utils import InferenceServerException
+
 from trident.errors import (
     GRPC_INTERNAL,
     GRPC_INVALID_ARGUMENT,

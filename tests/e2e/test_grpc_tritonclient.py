@@ -14,13 +14,21 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 import tritonclient.grpc.service_pb2 as pb
 import tritonclient.grpc.service_pb2_grpc as pb_grpc
+from e2e.models import (
+    CLASSIFY_CONFIG,
+    DATATYPES,
+    IDENTITY_PY,
+    RAISES_CONFIG,
+    RAISES_PY,
+    write_identity,
+    write_model,
+)
 from tritonclient.utils import InferenceServerException
 
-from e2e.models import (CLASSIFY_CONFIG, DATATYPES, IDENTITY_PY, RAISES_CONFIG, RAISES_PY, write_identity,
-                        write_model)
 from trident.options import EXAMPLE_REPOSITORY
 from trident.protocol import datatypes
 from trident.protocol.generated.grpc.health import v1 as health
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

@@ -10,10 +10,9 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
-
 from e2e.conftest import start_server
 from e2e.models import IDENTITY_PY, write_identity, write_model
+from tritonclient.utils import InferenceServerException
 
 
 def test_health_metadata_config_on_example(example_server):

@@ -11,10 +11,18 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aiohttpclient
+from e2e.models import (
+    CLASSIFY_CONFIG,
+    DATATYPES,
+    IDENTITY_PY,
+    RAISES_CONFIG,
+    RAISES_PY,
+    SLOW_CONFIG,
+    SLOW_PY,
+    write_identity,
+    write_model,
+)
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
-
-from e2e.models import (CLASSIFY_CONFIG, DATATYPES, IDENTITY_PY, RAISES_CONFIG, RAISES_PY, SLOW_CONFIG, SLOW_PY,
-                        write_identity, write_model)
 
 
 @pytest.fixture(scope="module")

@@ -201,6 +201,14 @@ def test_invalid_requests_get_tritons_messages():
     assert all(e.code == Code.INVALID_ARG for e in [error_of(request_with(datatype="FP32", shape=[2]))])
 
 
+@pytest.mark.parametrize("shape", [[2**62, 2**62, 0], [0] * 70, [2**63 - 1, 0]])
+def test_shapes_numpy_cannot_hold_are_invalid(shape):
+    message = request_with(datatype="FP32", shape=shape)
+    message.raw_input_contents.append(b"")
+    error = error_of(message)
+    assert error.code == Code.INVALID_ARG and "invalid shape" in error.message
+
+
 def test_empty_tensors_need_no_data():
     tensor = decode_model_infer_request(request_with(datatype="FP32", shape=[0, 3]).SerializeToString()).inputs[0]
     assert tensor.data.shape == (0, 3)

@@ -15,8 +15,8 @@ import h2.errors
 import h2.settings
 import pytest
 import trio
-
 from e2e.grpc_raw import frame, open_raw
+
 from trident.errors import (
     GRPC_DEADLINE_EXCEEDED,
     GRPC_INTERNAL,

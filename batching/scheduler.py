@@ -1,0 +1,78 @@
+"""The scheduler seam between a model version's front door and its instances.
+
+A scheduler receives queued requests (:meth:`Scheduler.enqueue`, never blocking) and runs
+inside the model version's nursery (:meth:`Scheduler.run`), handing batches to
+``execute(instance, batch)`` — one worker task per instance, at most one batch per instance
+at a time. :class:`GreedyScheduler` is the default: FIFO, greedy batches up to
+``max_batch_size`` (what ``dynamic_batching {}`` does with no delay), cancelled requests
+dropped before batch assembly.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+import trio
+
+from trident.batching.queue import RequestQueue
+
+
+class Schedulable(Protocol):
+    """What a scheduler needs of a queued request (trident.execution.Pending)."""
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def cancelled(self) -> bool: ...
+
+    @property
+    def request(self) -> Any: ...
+
+
+ExecuteBatch = Callable[[Any, list[Any]], Awaitable[None]]
+
+
+class Scheduler(abc.ABC):
+    """Turns queued requests into batches for a model version's instances."""
+
+    def __init__(self, on_drop: Callable[[Any], None]) -> None:
+        self.on_drop = on_drop
+
+    @abc.abstractmethod
+    def enqueue(self, item: Schedulable) -> None:
+        """Queue a request without waiting. Raises TritonError (UNAVAILABLE) when full."""
+
+    @abc.abstractmethod
+    def queued(self) -> int:
+        """Requests waiting, not yet executing."""
+
+    @abc.abstractmethod
+    async def run(self, instances: Sequence[Any], execute: ExecuteBatch) -> None:
+        """Feed batches to ``execute`` until cancelled (by the model version's nursery)."""
+
+
+class GreedyScheduler(Scheduler):
+    """FIFO; each idle instance takes the longest prefix of the queue that fits max_batch_size."""
+
+    def __init__(self, max_batch_size: int, on_drop: Callable[[Any], None]) -> None:
+        super().__init__(on_drop)
+        self._queue: RequestQueue[Any] = RequestQueue(max_batch_size, on_drop)
+
+    def enqueue(self, item: Schedulable) -> None:
+        self._queue.put(item)
+
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def run(self, instances: Sequence[Any], execute: ExecuteBatch) -> None:
+        async with trio.open_nursery() as nursery:
+            for instance in instances:
+                nursery.start_soon(self._worker, instance, execute)
+
+    async def _worker(self, instance: Any, execute: ExecuteBatch) -> None:
+        while True:
+            batch = await self._queue.get_batch()
+            await execute(instance, batch)

@@ -1,0 +1,192 @@
+"""Running a batch on an instance and delivering each request's responses.
+
+:class:`Pending` is a queued request with the channel its responses travel through.
+:class:`Responder` is the thread-safe sink a decoupled model sends 0..N responses into (from
+any thread); a regular model's list of responses goes through the same channel, so unary,
+decoupled and streaming calls share one path. :class:`BatchExecutor` runs one batch in the
+instance's worker thread, post-processes outputs (requested outputs, classification, BF16
+labels) and records statistics.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from trident.backends import ModelInstance
+from trident.errors import TritonError, internal
+from trident.protocol.classification import classify
+from trident.types import InferenceRequest, InferenceResponse, Tensor
+
+if TYPE_CHECKING:
+    from trident.model import ModelVersion
+
+FLAG_ONLY = "triton_flag_only"
+
+
+class Responder:
+    """Where a request's responses go. ``send`` may be called from any thread.
+
+    The last response must be sent with ``final=True``; a flag-only final response
+    (``response=None``) is allowed. Sending after the final one raises TritonError.
+    """
+
+    def __init__(self, channel: trio.MemorySendChannel[InferenceResponse], token: trio.lowlevel.TrioToken,
+                 request: InferenceRequest,
+                 finish: Callable[[InferenceRequest, InferenceResponse], InferenceResponse]) -> None:
+        self._channel = channel
+        self._token = token
+        self._trio_thread = threading.get_ident()
+        self._request = request
+        self._finish = finish
+        self.complete = False
+        self.sent = 0
+        self.undelivered = 0
+
+    def is_cancelled(self) -> bool:
+        return self._request.cancelled
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        """Deliver one response (``None`` with ``final`` = flag-only completion).
+
+        Raises TritonError(INTERNAL) when the request already completed. A response for a
+        client that went away is discarded silently.
+        """
+        if self.complete:
+            raise internal("the request has already been completed (a final response was sent)")
+        if response is None:
+            if not final:
+                raise internal("a response without outputs must carry the final flag")
+            response = InferenceResponse(parameters={FLAG_ONLY: True})
+        response = self._finish(self._request, response)
+        response.final = final
+        if final:
+            self.complete = True
+        self.sent += 1
+        if threading.get_ident() == self._trio_thread:
+            self._deliver(response)
+        else:
+            try:
+                trio.from_thread.run_sync(self._deliver, response, trio_token=self._token)
+            except trio.RunFinishedError:
+                self.complete = True
+
+    def _deliver(self, response: InferenceResponse) -> None:
+        try:
+            self._channel.send_nowait(response)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.undelivered += 1  # the client went away: nothing is waiting for this response
+
+
+class Pending:
+    """A queued request: what the scheduler sees and the channel its responses travel through."""
+
+    __slots__ = ("request", "batch_size", "send", "receive", "enqueued_ns", "exec_ns", "responder")
+
+    def __init__(self, request: InferenceRequest, batch_size: int,
+                 finish: Callable[[InferenceRequest, InferenceResponse], InferenceResponse]) -> None:
+        self.request = request
+        self.batch_size = batch_size
+        self.send, self.receive = trio.open_memory_channel[InferenceResponse](math.inf)
+        self.enqueued_ns = time.monotonic_ns()
+        self.exec_ns: tuple[int, int, int] | None = None
+        self.responder = Responder(self.send, trio.lowlevel.current_trio_token(), request, finish)
+        request.responder = self.responder
+
+    @property
+    def cancelled(self) -> bool:
+        return self.request.cancelled
+
+
+class BatchExecutor:
+    """Executes batches of one model version on its instances."""
+
+    def __init__(self, model: ModelVersion) -> None:
+        self.model = model
+        self._limiters: dict[int, trio.CapacityLimiter] = {}
+
+    def _limiter(self, instance: ModelInstance) -> trio.CapacityLimiter:
+        limiter = self._limiters.get(id(instance))
+        if limiter is None:
+            limiter = self._limiters[id(instance)] = trio.CapacityLimiter(1)
+        return limiter
+
+    async def __call__(self, instance: ModelInstance, batch: list[Pending]) -> None:
+        """Run ``batch`` on ``instance`` and deliver the responses. Never raises.
+
+        Requests cancelled before execution are dropped. A running kernel is never abandoned:
+        the thread is awaited under a shielded scope and the results of cancelled requests
+        are discarded.
+        """
+        model = self.model
+        live = []
+        for p in batch:
+            if p.request.cancelled:
+                model.on_drop(p)
+            else:
+                live.append(p)
+        if not live:
+            return
+        start = time.monotonic_ns()
+        requests = [p.request for p in live]
+        error: TritonError | None = None
+        responses: list[InferenceResponse] | None = None
+        try:
+            with trio.CancelScope(shield=True):
+                responses = await trio.to_thread.run_sync(instance.execute, requests, limiter=self._limiter(instance))
+        except TritonError as e:
+            error = e
+        except Exception as e:
+            error = internal(f"{type(e).__name__}: {e}")
+        infer_end = time.monotonic_ns()
+        if error is None and not model.decoupled and (responses is None or len(responses) != len(live)):
+            got = "None" if responses is None else f"{len(responses)} responses"
+            error = internal(f"model '{model.name}' returned {got} for a batch of {len(live)} requests")
+        for i, pending in enumerate(live):
+            pending.exec_ns = (start, infer_end, time.monotonic_ns())
+            if error is not None:
+                if not pending.responder.complete:
+                    pending.responder.send(InferenceResponse(error=error), final=True)
+            elif not model.decoupled:
+                assert responses is not None
+                pending.responder.send(responses[i], final=True)
+            if pending.request.cancelled:
+                model.discarded += 1
+        end = time.monotonic_ns()
+        model.stats.record_execution(sum(p.batch_size for p in live), 0, infer_end - start, end - infer_end)
+
+    def finish(self, request: InferenceRequest, response: InferenceResponse) -> InferenceResponse:
+        """Name the response, keep the requested outputs in order, apply classification."""
+        model = self.model
+        response.model_name = model.name
+        response.model_version = str(model.version)
+        response.id = request.id
+        if response.error is not None:
+            return response
+        for tensor in response.outputs:
+            spec = model.outputs.get(tensor.name)
+            if spec is not None and spec.datatype == "BF16" and tensor.datatype == "UINT16":
+                tensor.datatype = "BF16"  # trident's BF16 representation is uint16 bit patterns
+        if request.outputs:
+            produced = {t.name: t for t in response.outputs}
+            selected: list[Tensor] = []
+            for wanted in request.outputs:
+                tensor = produced.get(wanted.name)
+                if tensor is None:
+                    if response.parameters.get(FLAG_ONLY) or not response.outputs:
+                        continue
+                    response.error = internal(f"model '{model.name}' did not produce output '{wanted.name}'")
+                    response.outputs = []
+                    return response
+                k = wanted.parameters.get("classification")
+                if k:
+                    spec = model.outputs.get(wanted.name)
+                    tensor = classify(tensor, int(k), spec.labels if spec else None, model.max_batch_size > 0)
+                selected.append(tensor)
+            response.outputs = selected
+        return response
