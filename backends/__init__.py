@@ -39,11 +39,7 @@ def backend_name_for(backend: str, platform: str) -> str:
 
 
 def _entry_point(name: str) -> Backend | None:
-    try:
-        eps = metadata.entry_points(group="trident.backends")
-    except TypeError:  # pragma: no cover - python < 3.10 API
-        eps = metadata.entry_points().get("trident.backends", [])  # type: ignore[attr-defined]
-    for ep in eps:
+    for ep in metadata.entry_points(group="trident.backends"):
         if ep.name == name:
             cls = ep.load()
             return cls() if isinstance(cls, type) else cls

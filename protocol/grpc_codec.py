@@ -30,6 +30,7 @@ from trident.protocol import datatypes
 from trident.types import InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
 
 Buffer = bytes | bytearray | memoryview
+_Bytes = bytes | bytearray
 Parts = list[Any]  # bytes-like buffers and 1-D uint8 arrays: b"".join(parts) is the message
 
 
@@ -46,7 +47,7 @@ _FLOAT = struct.Struct("<f")
 _LEN = struct.Struct("<I")
 
 
-def _varint(buf: Buffer, pos: int) -> tuple[int, int]:
+def _varint(buf: _Bytes, pos: int) -> tuple[int, int]:
     """Decode a varint at ``pos``; returns (value, next position). IndexError when truncated."""
     b = buf[pos]
     if b < 0x80:
@@ -65,7 +66,7 @@ def _varint(buf: Buffer, pos: int) -> tuple[int, int]:
             raise DecodeError("varint longer than 10 bytes")
 
 
-def _skip(buf: Buffer, pos: int, wire_type: int) -> int:
+def _skip(buf: _Bytes, pos: int, wire_type: int) -> int:
     if wire_type == 0:
         return _varint(buf, pos)[1]
     if wire_type == 1:
@@ -82,8 +83,8 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value > _I64_MAX else value
 
 
-def _text(view: memoryview, start: int, stop: int) -> str:
-    return str(view[start:stop], "utf-8")
+def _text(buf: bytes | bytearray, start: int, stop: int) -> str:
+    return buf[start:stop].decode("utf-8")
 
 
 def _decode_packed_varints(view: memoryview) -> np.ndarray:
@@ -111,7 +112,7 @@ def _decode_packed_varints(view: memoryview) -> np.ndarray:
 # ---- decoding ModelInferRequest ---------------------------------------------------------------
 
 
-def _parameter(buf: Buffer, view: memoryview, pos: int, stop: int) -> tuple[str, ParamValue | None]:
+def _parameter(buf: _Bytes, view: memoryview, pos: int, stop: int) -> tuple[str, ParamValue | None]:
     """One map<string, InferParameter> entry -> (key, value); value None when no choice is set."""
     key = ""
     value: ParamValue | None = None
@@ -119,7 +120,7 @@ def _parameter(buf: Buffer, view: memoryview, pos: int, stop: int) -> tuple[str,
         tag, pos = _varint(buf, pos)
         if tag == 0x0A:
             n, pos = _varint(buf, pos)
-            key = _text(view, pos, pos + n)
+            key = _text(buf, pos, pos + n)
             pos += n
         elif tag == 0x12:
             n, pos = _varint(buf, pos)
@@ -135,7 +136,7 @@ def _parameter(buf: Buffer, view: memoryview, pos: int, stop: int) -> tuple[str,
                     value = _signed(v)
                 elif inner == 0x1A:
                     n, pos = _varint(buf, pos)
-                    value = _text(view, pos, pos + n)
+                    value = _text(buf, pos, pos + n)
                     pos += n
                 elif inner == 0x21:
                     value = _DOUBLE.unpack_from(buf, pos)[0]
@@ -164,10 +165,14 @@ class _Input:
         self.contents: list[tuple[int, int]] | None = None  # spans of InferTensorContents
 
 
-def _shape(buf: Buffer, view: memoryview, tag: int, pos: int, into: list[int]) -> int:
+def _shape(buf: _Bytes, view: memoryview, tag: int, pos: int, into: list[int]) -> int:
     if tag & 7 == 2:
         n, pos = _varint(buf, pos)
         end = pos + n
+        packed = buf[pos:end]
+        if len(packed) == n and (not n or max(packed) < 0x80):  # every dimension below 128
+            into.extend(packed)
+            return end
         while pos < end:
             v, pos = _varint(buf, pos)
             into.append(_signed(v))
@@ -179,15 +184,23 @@ def _shape(buf: Buffer, view: memoryview, tag: int, pos: int, into: list[int]) -
     return pos
 
 
-def _input(buf: Buffer, view: memoryview, pos: int, stop: int, outputs: bool = False) -> _Input:
+def _input(buf: _Bytes, view: memoryview, pos: int, stop: int, outputs: bool = False) -> _Input:
     """InferInputTensor (or, with ``outputs``, InferRequestedOutputTensor: name=1, parameters=2)."""
     t = _Input()
     params_tag = 0x12 if outputs else 0x22
     while pos < stop:
-        tag, pos = _varint(buf, pos)
+        tag = buf[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = _varint(buf, pos)
         if tag == 0x0A:
-            n, pos = _varint(buf, pos)
-            t.name = _text(view, pos, pos + n)
+            n = buf[pos]
+            if n < 0x80:
+                pos += 1
+            else:
+                n, pos = _varint(buf, pos)
+            t.name = _text(buf, pos, pos + n)
             pos += n
         elif tag == params_tag:
             n, pos = _varint(buf, pos)
@@ -198,8 +211,12 @@ def _input(buf: Buffer, view: memoryview, pos: int, stop: int, outputs: bool = F
         elif outputs:
             pos = _skip(buf, pos, tag & 7)
         elif tag == 0x12:
-            n, pos = _varint(buf, pos)
-            t.datatype = _text(view, pos, pos + n)
+            n = buf[pos]
+            if n < 0x80:
+                pos += 1
+            else:
+                n, pos = _varint(buf, pos)
+            t.datatype = _text(buf, pos, pos + n)
             pos += n
         elif tag == 0x1A or tag == 0x18:
             pos = _shape(buf, view, tag, pos, t.shape)
@@ -220,12 +237,12 @@ def decode_model_infer_request(data: Buffer) -> InferenceRequest:
     """Decode a serialized ``inference.ModelInferRequest`` into an :class:`InferenceRequest`.
 
     Raw tensor data is not copied: the arrays view ``data`` (pass a ``bytearray`` for writable
-    arrays). Raises DecodeError for malformed bytes, TritonError INVALID_ARG for an invalid
+    arrays; any other buffer than bytes or bytearray is copied first). Raises DecodeError for malformed bytes, TritonError INVALID_ARG for an invalid
     request (data missing, sizes that do not match shapes, contents of the wrong type),
     TritonError UNSUPPORTED for shared-memory inputs.
     """
-    view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
-    buf = data if not isinstance(data, memoryview) else view
+    buf = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+    view = memoryview(buf)
     try:
         model_name = model_version = request_id = ""
         parameters: dict[str, ParamValue] = {}
@@ -257,11 +274,11 @@ def decode_model_infer_request(data: Buffer) -> InferenceRequest:
             elif field == 5:
                 inputs.append(_input(buf, view, pos, stop))
             elif field == 1:
-                model_name = _text(view, pos, stop)
+                model_name = _text(buf, pos, stop)
             elif field == 2:
-                model_version = _text(view, pos, stop)
+                model_version = _text(buf, pos, stop)
             elif field == 3:
-                request_id = _text(view, pos, stop)
+                request_id = _text(buf, pos, stop)
             elif field == 4:
                 key, value = _parameter(buf, view, pos, stop)
                 if value is not None:
@@ -286,18 +303,20 @@ def decode_model_infer_request(data: Buffer) -> InferenceRequest:
     )
 
 
-def _tensors(buf: Buffer, view: memoryview, model: str, inputs: list[_Input], raw: list[memoryview]) -> list[Tensor]:
+_DTYPES = {name: datatypes.numpy_dtype(name) for name in datatypes.DATATYPES}
+
+
+def _tensors(buf: _Bytes, view: memoryview, model: str, inputs: list[_Input], raw: list[memoryview]) -> list[Tensor]:
     if raw and len(raw) != len(inputs):
         raise invalid_arg(
             f"expected {len(inputs)} inputs but got {len(raw)} raw input contents for model '{model}'"
         )
     out: list[Tensor] = []
     for index, t in enumerate(inputs):
-        try:
-            dtype = datatypes.numpy_dtype(t.datatype)
-        except KeyError:
-            raise invalid_arg(f"invalid datatype '{t.datatype}' for input '{t.name}' for model '{model}'") from None
-        if any(d < 0 for d in t.shape):
+        dtype = _DTYPES.get(t.datatype)
+        if dtype is None:
+            raise invalid_arg(f"invalid datatype '{t.datatype}' for input '{t.name}' for model '{model}'")
+        if t.shape and min(t.shape) < 0:
             raise invalid_arg(f"invalid shape {t.shape} for input '{t.name}' for model '{model}'")
         count = datatypes.element_count(t.shape)
         if "shared_memory_region" in t.parameters:
@@ -356,7 +375,7 @@ _CONTENTS_FIELDS = {
 }
 
 
-def _from_contents(buf: Buffer, view: memoryview, t: _Input, dtype: np.dtype, count: int, model: str) -> np.ndarray:
+def _from_contents(buf: _Bytes, view: memoryview, t: _Input, dtype: np.dtype, count: int, model: str) -> np.ndarray:
     """InferTensorContents (possibly split over several occurrences) -> a flat array of ``dtype``."""
     chunks: dict[int, list[np.ndarray]] = {}
     strings: list[bytes] = []

@@ -176,13 +176,14 @@ class BatchExecutor:
             produced = {t.name: t for t in response.outputs}
             selected: list[Tensor] = []
             for wanted in request.outputs:
-                tensor = produced.get(wanted.name)
-                if tensor is None:
+                found = produced.get(wanted.name)
+                if found is None:
                     if response.parameters.get(FLAG_ONLY) or not response.outputs:
                         continue
                     response.error = internal(f"model '{model.name}' did not produce output '{wanted.name}'")
                     response.outputs = []
                     return response
+                tensor = found
                 k = wanted.parameters.get("classification")
                 if k:
                     spec = model.outputs.get(wanted.name)

@@ -13,6 +13,7 @@ import trio
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from trident.server import Server
@@ -76,6 +77,43 @@ class ModelStatsCollector(Collector):
         yield from (success, failure, count, execs, pending, *durations.values())
 
 
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(
+        '{}="{}"'.format(k, v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"'))
+        for k, v in sorted(labels.items())
+    )
+    return "{" + inner + "}"
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """Prometheus text format with Triton's spelling: counters keep their bare names.
+
+    (prometheus-client's ``generate_latest`` renames counters to ``<name>_total``; Triton's
+    dashboards scrape ``nv_inference_request_success``, not ``..._total``.)
+    """
+    out: list[str] = []
+    for metric in registry.collect():
+        if metric.type != "counter":
+            out.append(generate_latest(_One(metric)).decode())
+            continue
+        out.append(f"# HELP {metric.name} {metric.documentation}\n# TYPE {metric.name} counter\n")
+        for sample in metric.samples:
+            if sample.name.endswith("_created"):
+                continue
+            out.append(f"{metric.name}{_labels(sample.labels)} {floatToGoString(sample.value)}\n")
+    return "".join(out).encode()
+
+
+class _One(Collector):
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+
+    def collect(self) -> Iterator[Any]:
+        yield self.metric
+
+
 def make_registry(server: Server) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ModelStatsCollector(server))
@@ -102,7 +140,7 @@ def make_metrics_app(server: Server) -> Any:
         elif scope["method"] != "GET":
             status, body = 405, b"Method Not Allowed"
         else:
-            status, body = 200, generate_latest(registry)
+            status, body = 200, exposition(registry)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"text/plain; charset=utf-8"),
                                 (b"content-length", str(len(body)).encode())]})

@@ -144,7 +144,7 @@ class ModelVersion:
         self._unload.set()
 
     def _instance_contexts(self) -> list[LoadContext]:
-        contexts = []
+        contexts: list[LoadContext] = []
         for group in self.config.instance_group:
             kind = "KIND_" + ModelInstanceGroupKind(group.kind).name  # betterproto2 strips the prefix
             devices = list(group.gpus) if kind == "KIND_GPU" and group.gpus else [0]
