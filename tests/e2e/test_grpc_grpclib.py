@@ -64,7 +64,7 @@ def test_unary_rpcs(example_server):
     assert live.live and meta.name == "triton"
     assert [o.datatype for o in model.outputs] == ["BYTES", "INT32"]
     assert reply.id == "g1" and reply.raw_output_contents[0] == np.arange(8, dtype=np.float32).tobytes()
-    out = {o.name: raw for o, raw in zip(echoed.outputs, echoed.raw_output_contents)}
+    out = {o.name: raw for o, raw in zip(echoed.outputs, echoed.raw_output_contents, strict=True)}
     assert datatypes.deserialize_bytes(out["OUTPUT0"]).tolist() == [b"AB", b"C"]
     assert np.frombuffer(out["OUTPUT1"], np.int32).tolist() == [2, 1]
     assert health.status == HealthCheckResponse.SERVING

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -47,9 +46,6 @@ from trident.errors import (
 )
 from trident.protocol import grpc_framing as framing
 from trident.protocol.grpc_framing import FramingError
-
-if sys.version_info < (3, 11):
-    from exceptiongroup import BaseExceptionGroup
 
 log = logging.getLogger("trident.grpc")
 

@@ -116,7 +116,7 @@ def test_decode_matches_what_upb_encodes(case):
         message.model_name, message.model_version, message.id)
     same_params(request.parameters, request_params)
     assert len(request.inputs) == len(items)
-    for i, (tensor, (datatype, shape, data, p, use_raw)) in enumerate(zip(request.inputs, items)):
+    for i, (tensor, (datatype, shape, data, p, use_raw)) in enumerate(zip(request.inputs, items, strict=True)):
         assert (tensor.name, tensor.datatype, tensor.shape) == (f"IN{i}", datatype, shape)
         assert tensor.data.shape == shape
         same_params(tensor.parameters, p)
@@ -128,7 +128,7 @@ def test_decode_matches_what_upb_encodes(case):
         else:  # floats through Python lists: NaN payloads may change, values may not
             np.testing.assert_array_equal(tensor.data, data)
     assert [o.name for o in request.outputs] == [f"OUT{i}" for i in range(len(outputs))]
-    for o, p in zip(request.outputs, outputs):
+    for o, p in zip(request.outputs, outputs, strict=True):
         same_params(o.parameters, p)
 
 
@@ -259,7 +259,7 @@ def check_response(decoded: pb.ModelInferResponse, response: InferenceResponse, 
         response.model_name, response.model_version, response.id)
     assert upb_params(decoded.parameters) == (response.parameters if parameters is None else parameters)
     assert len(decoded.outputs) == len(decoded.raw_output_contents) == len(response.outputs)
-    for out, raw, tensor in zip(decoded.outputs, decoded.raw_output_contents, response.outputs):
+    for out, raw, tensor in zip(decoded.outputs, decoded.raw_output_contents, response.outputs, strict=True):
         assert (out.name, out.datatype, tuple(out.shape)) == (tensor.name, tensor.datatype, tensor.shape)
         assert upb_params(out.parameters) == tensor.parameters
         assert raw == raw_bytes(tensor.datatype, tensor.data)

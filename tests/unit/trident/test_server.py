@@ -207,3 +207,14 @@ async def test_poll_mode_reload_keeps_serving_and_failed_reload_keeps_old(tmp_pa
         await server.repository.poll_once()
         with pytest.raises(TritonError):
             server.repository.get("identity_fp32")
+
+
+async def test_public_in_process_api():
+    import trident
+
+    async with trident.open_server(trident.ServerOptions()) as server:
+        x = np.arange(4, dtype=np.float32)
+        resp = await server.infer(trident.InferenceRequest("identity_fp32", [trident.Tensor.from_numpy("INPUT0", x)]))
+        np.testing.assert_array_equal(resp.output("OUTPUT0").data, x)
+    with pytest.raises(AttributeError):
+        trident.nope  # noqa: B018
