@@ -6,6 +6,7 @@ time (one source of truth with the statistics extension). GET only.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -15,8 +16,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from trident.backends.metrics import custom_metrics_for
+from trident.host_metrics import CpuMetrics, GpuMetrics
+
 if TYPE_CHECKING:
     from trident.server import Server
+
+log = logging.getLogger("trident.metrics")
 
 
 class ModelStatsCollector(Collector):
@@ -114,15 +120,41 @@ class _One(Collector):
         yield self.metric
 
 
-def make_registry(server: Server) -> CollectorRegistry:
+def make_registry(server: Server, *host_collectors: Collector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ModelStatsCollector(server))
+    for collector in host_collectors:
+        registry.register(collector)
     return registry
 
 
-def make_metrics_app(server: Server) -> Any:
+def host_collectors(server: Server) -> list[Any]:
+    """CPU and GPU gauge collectors allowed by the options (GPU only where NVML finds one)."""
+    collectors: list[Any] = []
+    opts = server.options
+    if opts.allow_cpu_metrics:
+        collectors.append(CpuMetrics())
+    if opts.allow_gpu_metrics:
+        gpu = GpuMetrics()
+        if gpu.available:
+            collectors.append(gpu)
+            log.info("GPU metrics enabled for %d GPU(s)", len(gpu.gpus))
+        else:
+            log.info("GPU metrics disabled: %s", gpu.reason)
+    return collectors
+
+
+async def poll_host_metrics(collectors: list[Any], interval_s: float) -> None:
+    """Refresh the host gauges every ``interval_s`` (reads /proc and NVML in a thread)."""
+    while True:
+        for c in collectors:
+            await trio.to_thread.run_sync(c.poll)
+        await trio.sleep(interval_s)
+
+
+def make_metrics_app(server: Server, *collectors: Collector) -> Any:
     """The ASGI app of the metrics port."""
-    registry = make_registry(server)
+    registry = make_registry(server, *collectors)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -140,7 +172,8 @@ def make_metrics_app(server: Server) -> Any:
         elif scope["method"] != "GET":
             status, body = 405, b"Method Not Allowed"
         else:
-            status, body = 200, exposition(registry)
+            # custom metric families of models and backends (trident.backends.metrics)
+            status, body = 200, exposition(registry) + custom_metrics_for(server).render()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"text/plain; charset=utf-8"),
                                 (b"content-length", str(len(body)).encode())]})
@@ -165,4 +198,8 @@ async def serve_metrics(server: Server, *, host: str, port: int,
             bound = value[0].rsplit(":", 1)[-1] if value else str(port)
             task_status.started(int(bound))
 
-    await serve(make_metrics_app(server), config, task_status=_Status())  # type: ignore[arg-type]
+    collectors = host_collectors(server)
+    async with trio.open_nursery() as nursery:
+        if collectors:
+            nursery.start_soon(poll_host_metrics, collectors, max(server.options.metrics_interval_ms, 1) / 1000)
+        await serve(make_metrics_app(server, *collectors), config, task_status=_Status())  # type: ignore[arg-type]
