@@ -2,7 +2,8 @@
 
 Built-in backends are named here by module path and imported only when a model of that
 backend loads. Third-party backends register through the entry-point group
-``trident.backends`` (name -> ``module:BackendClass``).
+``trident.backends`` (name -> ``module:BackendClass``, a :class:`Backend` subclass or
+instance); the interface is documented in :mod:`trident.backends.base`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ __all__ = ["Backend", "LoadContext", "ModelInstance", "get_backend", "backend_na
 # backend name -> (module, class, pip extra that provides its framework or None)
 _BUILTIN: dict[str, tuple[str, str, str | None]] = {
     "python": ("trident.backends.python.backend", "PythonBackend", None),
+    "onnxruntime": ("trident.backends.onnxruntime_backend", "OnnxRuntimeBackend", "onnxruntime"),
+    "pytorch": ("trident.backends.pytorch_backend", "PyTorchBackend", "pytorch"),
+    "openvino": ("trident.backends.openvino_backend", "OpenVINOBackend", "openvino"),
+    "tensorrt": ("trident.backends.tensorrt_backend", "TensorRTBackend", "tensorrt"),
+    "tree": ("trident.backends.tree_backend", "TreeBackend", "tree"),
+    "fil": ("trident.backends.tree_backend", "TreeBackend", "tree"),
 }
 
 # platform -> backend name (Triton's platform spellings)
@@ -42,7 +49,10 @@ def _entry_point(name: str) -> Backend | None:
     for ep in metadata.entry_points(group="trident.backends"):
         if ep.name == name:
             cls = ep.load()
-            return cls() if isinstance(cls, type) else cls
+            backend = cls() if isinstance(cls, type) else cls
+            if not isinstance(backend, Backend):
+                raise TypeError(f"entry point '{ep.value}' is not a trident.backends.Backend")
+            return backend
     return None
 
 

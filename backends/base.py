@@ -1,20 +1,40 @@
 """The backend interface: how a model version becomes executable instances.
 
-A backend is selected by ``backend:`` (or ``platform:``) in config.pbtxt. trident calls, for
-each model version:
+This is trident's custom backend API (Triton's ``TRITONBACKEND_*`` C API, in Python). A
+backend is selected by ``backend:`` (or ``platform:``) in config.pbtxt; third-party backends
+register a :class:`Backend` subclass under the entry-point group ``trident.backends``::
 
-1. :meth:`Backend.auto_complete_config` (in a worker thread, unless auto-complete is
-   disabled) to fill in what the model files know (inputs, outputs, max_batch_size...);
-2. :meth:`Backend.load_instance` once per instance (in that instance's worker thread), which
-   returns a :class:`ModelInstance`;
-3. :meth:`ModelInstance.execute` with batches of requests (in the instance's worker thread);
-4. :meth:`ModelInstance.finalize` when the version unloads (in a worker thread).
+    # pyproject.toml of the backend's package
+    [project.entry-points."trident.backends"]
+    scale = "my_package.backend:ScaleBackend"     # config.pbtxt: backend: "scale"
 
-Execution contract: ``execute(requests)`` returns one :class:`InferenceResponse` per request in
-the same order, or ``None`` when the model is decoupled and answers through
-``request.responder`` (see :class:`Responder`) from any thread. An exception raised by
-``execute`` fails every request of the batch with its message; a response with ``error`` set
-fails only its request.
+Lifecycle, for each model version (every call blocking, each in a worker thread, never on the
+event loop):
+
+1. :meth:`Backend.auto_complete_config` (unless ``--disable-auto-complete-config``) fills in what
+   the model files know (inputs, outputs, max_batch_size...);
+2. :meth:`Backend.load_instance` once per instance of ``instance_group`` returns a
+   :class:`ModelInstance`; :class:`LoadContext` says which model, version, folder, config and
+   device, and gives the :class:`~trident.server.Server` for backends that call other models;
+3. :meth:`ModelInstance.execute` runs batches formed by the model's scheduler (one batch at a
+   time per instance, so an instance needs no locking of its own);
+4. :meth:`ModelInstance.is_ready` answers readiness probes (``/v2/models/<m>/ready``, 5 s limit);
+5. :meth:`ModelInstance.finalize` when the version unloads (after in-flight requests drained).
+
+Execution contract: ``execute(requests)`` returns one :class:`~trident.types.InferenceResponse`
+per request in the same order. An exception raised by ``execute`` fails every request of the
+batch with its message (raise :class:`~trident.errors.TritonError` to choose the code); a
+response with ``error`` set fails only its request. ``request.cancelled`` turns true when the
+client goes away; a long computation may stop early (its result is discarded anyway).
+
+Decoupled models (``model_transaction_policy { decoupled: true }``) return ``None`` and answer
+through each request's :class:`ResponseSender`, ``request.responder``, from any thread and at
+any time (also after ``execute`` returned): 0..N ``send(response, final=False)`` calls, then one
+``send(response_or_None, final=True)``; ``None`` with ``final=True`` is a flag-only final
+response. ``responder.is_cancelled()`` turns true when the client cancels or closes its stream.
+
+Custom metrics: ``trident.backends.metrics.custom_metrics_for(ctx.server)`` is the server's
+registry of metric families exported on the metrics port.
 """
 
 from __future__ import annotations
@@ -22,11 +42,28 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from trident.protocol.generated.inference import ModelConfig
     from trident.types import InferenceRequest, InferenceResponse
+
+
+class ResponseSender(Protocol):
+    """``request.responder``: where a request's responses go (thread-safe)."""
+
+    #: True once the final response was sent
+    complete: bool
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        """Deliver a response; ``None`` needs ``final=True`` (flag-only final response).
+
+        Raises TritonError(INTERNAL) after the final response. A response for a client that
+        went away is dropped silently.
+        """
+
+    def is_cancelled(self) -> bool:
+        """True once the request was cancelled (client gone, stream closed, deadline passed)."""
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import trio
 
 from trident.batching.queue import RequestQueue
+from trident.errors import unsupported
 
 
 class Schedulable(Protocol):
@@ -52,6 +53,21 @@ class Scheduler(abc.ABC):
     @abc.abstractmethod
     async def run(self, instances: Sequence[Any], execute: ExecuteBatch) -> None:
         """Feed batches to ``execute`` until cancelled (by the model version's nursery)."""
+
+    #: whether :meth:`add_instance` / :meth:`remove_instance` work while running
+    supports_instance_update = False
+
+    def add_instance(self, instance: Any) -> None:
+        """Start serving batches on another instance. Raises UNSUPPORTED unless supported."""
+        raise unsupported(f"{type(self).__name__} cannot add instances while running")
+
+    async def remove_instance(self, instance: Any) -> None:
+        """Retire an instance once its current batch is done. Raises UNSUPPORTED unless supported."""
+        raise unsupported(f"{type(self).__name__} cannot remove instances while running")
+
+    def next_turn(self) -> Any:
+        """A place in the response order for a request answered without queueing (None: no ordering)."""
+        return None
 
 
 class GreedyScheduler(Scheduler):

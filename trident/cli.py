@@ -91,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--exit-timeout-secs", type=_seconds, default=d.exit_timeout_secs)
     g.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE")
     _flag(g, "--allow-client-shm", d.allow_client_shm, "allow client shared memory registration")
+
+    sc = serve.add_argument_group("scheduling")
+    sc.add_argument("--rate-limit", choices=["off", "execution_count"], default=d.rate_limit,
+                    help="gate instance executions on their rate_limiter resources (default off)")
+    sc.add_argument("--rate-limit-resource", action="append", dest="rate_limit_resources", default=[],
+                    metavar="NAME:COUNT[:DEVICE]", help="copies of a rate-limiter resource (repeatable)")
+    sc.add_argument("--cache-config", action="append", dest="cache_config", default=[],
+                    metavar="CACHE,KEY=VALUE", help="response cache settings, e.g. local,size=1048576 (repeatable)")
     g.add_argument("--id", dest="server_id", default=d.server_id, help="server identifier in server metadata")
 
     h = serve.add_argument_group("front ends")
@@ -98,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--http-address", default=d.http_address)
     h.add_argument("--http-port", type=_port, default=d.http_port)
     h.add_argument("--http-max-input-size", type=_positive_int, default=d.http_max_input_size)
+    h.add_argument("--http-server", choices=["hypercorn", "trident"], default=d.http_server,
+                   help=f"HTTP/1.1 serving layer for the HTTP front end (default {d.http_server})")
     _flag(h, "--allow-grpc", d.allow_grpc, "serve gRPC")
     h.add_argument("--grpc-address", default=d.grpc_address)
     h.add_argument("--grpc-port", type=_port, default=d.grpc_port)
@@ -105,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--grpc-server-cert", default="")
     h.add_argument("--grpc-server-key", default="")
     h.add_argument("--grpc-root-cert", default="")
+    _flag(h, "--grpc-use-ssl-mutual", d.grpc_use_ssl_mutual, "TLS with client certificates on the gRPC port")
+    h.add_argument("--grpc-infer-response-compression-level", choices=["none", "low", "medium", "high"],
+                   default=d.grpc_infer_response_compression_level)
+    h.add_argument("--grpc-header-forward-pattern", default=d.grpc_header_forward_pattern,
+                   help="regex of gRPC metadata keys copied into request parameters")
     h.add_argument("--grpc-max-message-size", type=_positive_int, default=d.grpc_max_message_size)
     _flag(h, "--allow-metrics", d.allow_metrics, "serve Prometheus metrics")
     _flag(h, "--allow-gpu-metrics", d.allow_gpu_metrics, "GPU metrics")
@@ -112,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--metrics-address", default=d.metrics_address)
     h.add_argument("--metrics-port", type=_port, default=d.metrics_port)
     h.add_argument("--metrics-interval-ms", type=_positive_int, default=d.metrics_interval_ms)
+    h.add_argument("--metrics-config", action="append", dest="metrics_config", default=[], metavar="KEY=VALUE",
+                   help="summary_latencies, summary_quantiles, histogram_latencies, counter_latencies")
+    h.add_argument("--trace-config", action="append", dest="trace_config", default=[],
+                   metavar="[MODE,]KEY=VALUE", help="level, rate, count, mode; triton,file / triton,log-frequency")
 
     lg = serve.add_argument_group("logging")
     lg.add_argument("--log-verbose", type=_positive_int, default=d.log_verbose)
@@ -145,6 +164,12 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         opts.backend_config.setdefault(backend, {})[key] = value
     if "default-max-batch-size" in opts.backend_config.get("", {}):
         opts.default_max_batch_size = int(opts.backend_config[""]["default-max-batch-size"])
+    from trident.batching.cache import parse_cache_config
+    from trident.batching.rate_limiter import parse_resource
+
+    for resource in opts.rate_limit_resources:
+        parse_resource(resource)
+    parse_cache_config(opts.cache_config)
     if "*" in opts.load_models and len(opts.load_models) > 1:
         raise ValueError("--load-model=* can not be combined with other --load-model values")
     if opts.load_models and opts.model_control_mode != "explicit":
@@ -153,6 +178,11 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         raise ValueError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
     if not opts.metrics_address:
         opts.metrics_address = opts.http_address
+    from trident.model_metrics import parse_metrics_config
+    from trident.tracing import parse_trace_config
+
+    parse_metrics_config(opts.metrics_config)
+    parse_trace_config(opts.trace_config)
     return opts
 
 

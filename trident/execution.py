@@ -14,7 +14,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -86,7 +86,7 @@ class Responder:
 class Pending:
     """A queued request: what the scheduler sees and the channel its responses travel through."""
 
-    __slots__ = ("request", "batch_size", "send", "receive", "enqueued_ns", "exec_ns", "responder")
+    __slots__ = ("request", "batch_size", "send", "receive", "enqueued_ns", "exec_ns", "responder", "turn")
 
     def __init__(self, request: InferenceRequest, batch_size: int,
                  finish: Callable[[InferenceRequest, InferenceResponse], InferenceResponse]) -> None:
@@ -94,9 +94,11 @@ class Pending:
         self.batch_size = batch_size
         self.send, self.receive = trio.open_memory_channel[InferenceResponse](math.inf)
         self.enqueued_ns = time.monotonic_ns()
-        self.exec_ns: tuple[int, int, int] | None = None
+        #: (batch start, model call start, model call end, response sent) in monotonic ns
+        self.exec_ns: tuple[int, int, int, int] | None = None
         self.responder = Responder(self.send, trio.lowlevel.current_trio_token(), request, finish)
         request.responder = self.responder
+        self.turn: Any = None  # the place in the response order (preserve_ordering), set at dequeue
 
     @property
     def cancelled(self) -> bool:
@@ -110,7 +112,8 @@ class BatchExecutor:
         self.model = model
         self._limiters: dict[int, trio.CapacityLimiter] = {}
 
-    def _limiter(self, instance: ModelInstance) -> trio.CapacityLimiter:
+    def limiter(self, instance: ModelInstance) -> trio.CapacityLimiter:
+        """The instance's one-thread limiter (batches and warmup of an instance never overlap)."""
         limiter = self._limiters.get(id(instance))
         if limiter is None:
             limiter = self._limiters[id(instance)] = trio.CapacityLimiter(1)
@@ -136,29 +139,39 @@ class BatchExecutor:
         requests = [p.request for p in live]
         error: TritonError | None = None
         responses: list[InferenceResponse] | None = None
+        called = [start, start]  # model call start and end, taken in the worker thread
+
+        def call() -> list[InferenceResponse] | None:
+            called[0] = time.monotonic_ns()
+            try:
+                return instance.execute(requests)
+            finally:
+                called[1] = time.monotonic_ns()
+
         try:
             with trio.CancelScope(shield=True):
-                responses = await trio.to_thread.run_sync(instance.execute, requests, limiter=self._limiter(instance))
+                responses = await trio.to_thread.run_sync(call, limiter=self.limiter(instance))
         except TritonError as e:
             error = e
         except Exception as e:
             error = internal(f"{type(e).__name__}: {e}")
-        infer_end = time.monotonic_ns()
+        infer_start, infer_end = called[0], max(called[1], called[0])
         if error is None and not model.decoupled and (responses is None or len(responses) != len(live)):
             got = "None" if responses is None else f"{len(responses)} responses"
             error = internal(f"model '{model.name}' returned {got} for a batch of {len(live)} requests")
         for i, pending in enumerate(live):
-            pending.exec_ns = (start, infer_end, time.monotonic_ns())
+            pending.exec_ns = (start, infer_start, infer_end, time.monotonic_ns())
             if error is not None:
                 if not pending.responder.complete:
                     pending.responder.send(InferenceResponse(error=error), final=True)
-            elif not model.decoupled:
+            elif not model.decoupled and not pending.responder.complete:  # complete: sent via the sender
                 assert responses is not None
                 pending.responder.send(responses[i], final=True)
             if pending.request.cancelled:
                 model.discarded += 1
         end = time.monotonic_ns()
-        model.stats.record_execution(sum(p.batch_size for p in live), 0, infer_end - start, end - infer_end)
+        model.stats.record_execution(sum(p.batch_size for p in live), infer_start - start, infer_end - infer_start,
+                                     end - infer_end)
 
     def finish(self, request: InferenceRequest, response: InferenceResponse) -> InferenceResponse:
         """Name the response, keep the requested outputs in order, apply classification."""

@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from trident.backends.metrics import custom_metrics_for
 from trident.host_metrics import CpuMetrics, GpuMetrics
+from trident.model_metrics import SUMMARY_KINDS, model_gpu_uuid, model_labels, parse_metrics_config
+from trident.stats import FAILURE_REASONS
 
 if TYPE_CHECKING:
     from trident.server import Server
@@ -25,62 +27,96 @@ if TYPE_CHECKING:
 log = logging.getLogger("trident.metrics")
 
 
-class ModelStatsCollector(Collector):
-    """Per-model families built from statistics snapshots."""
+_DURATIONS = (
+    ("request", "Cumulative inference request duration in microseconds (includes cached requests)"),
+    ("queue", "Cumulative inference queuing duration in microseconds (includes cached requests)"),
+    ("compute_input", "Cumulative compute input duration in microseconds (does not include cached requests)"),
+    ("compute_infer", "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+    ("compute_output", "Cumulative inference compute output duration in microseconds (does not include cached "
+                       "requests)"),
+)
+_CACHE = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model"),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model"),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds"),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insertion) duration per model, in microseconds"),
+)
 
-    def __init__(self, server: Server) -> None:
+
+def _family(name: str, doc: str, kind: str) -> Metric:
+    return Metric(name, doc, kind)
+
+
+class ModelStatsCollector(Collector):
+    """Per-model families built from statistics snapshots (labels from :func:`model_labels`)."""
+
+    def __init__(self, server: Server, uuid_by_index: dict[int, str] | None = None) -> None:
         self.server = server
+        self.uuid_by_index = uuid_by_index or {}
+        self.config = parse_metrics_config(list(getattr(server.options, "metrics_config", []) or []))
+
+    def labels_of(self, mv: Any) -> dict[str, str]:
+        """model, version, gpu_uuid (KIND_GPU instances on a known GPU) and ``_<metric_tag>``."""
+        specs = [(s.kind, s.device) for s in getattr(mv, "_specs", {}).values()]
+        return model_labels(mv.name, str(mv.version), dict(mv.config.metric_tags or {}),
+                            model_gpu_uuid(specs, self.uuid_by_index))
 
     def collect(self) -> Iterator[Any]:
-        labels = ["model", "version"]
-        success = CounterMetricFamily("nv_inference_request_success",
-                                      "Number of successful inference requests, all batch sizes", labels=labels)
-        failure = CounterMetricFamily("nv_inference_request_failure",
-                                      "Number of failed inference requests, all batch sizes",
-                                      labels=[*labels, "reason"])
-        count = CounterMetricFamily("nv_inference_count",
-                                    "Number of inferences performed (does not include cached requests)", labels=labels)
-        execs = CounterMetricFamily("nv_inference_exec_count",
-                                    "Number of model executions performed (does not include cached requests)",
-                                    labels=labels)
-        pending = GaugeMetricFamily("nv_inference_pending_request_count",
-                                    "Instantaneous number of pending requests awaiting execution per-model.",
-                                    labels=labels)
-        durations = {
-            "request": CounterMetricFamily("nv_inference_request_duration_us",
-                                           "Cumulative inference request duration in microseconds (includes cached requests)",
-                                           labels=labels),
-            "queue": CounterMetricFamily("nv_inference_queue_duration_us",
-                                         "Cumulative inference queuing duration in microseconds (includes cached requests)",
-                                         labels=labels),
-            "compute_input": CounterMetricFamily("nv_inference_compute_input_duration_us",
-                                                 "Cumulative compute input duration in microseconds (does not include cached requests)",
-                                                 labels=labels),
-            "compute_infer": CounterMetricFamily("nv_inference_compute_infer_duration_us",
-                                                 "Cumulative compute inference duration in microseconds (does not include cached requests)",
-                                                 labels=labels),
-            "compute_output": CounterMetricFamily("nv_inference_compute_output_duration_us",
-                                                  "Cumulative inference compute output duration in microseconds (does not include cached requests)",
-                                                  labels=labels),
-        }
+        success = _family("nv_inference_request_success",
+                          "Number of successful inference requests, all batch sizes", "counter")
+        failure = _family("nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
+                          "counter")
+        count = _family("nv_inference_count", "Number of inferences performed (does not include cached requests)",
+                        "counter")
+        execs = _family("nv_inference_exec_count",
+                        "Number of model executions performed (does not include cached requests)", "counter")
+        pending = _family("nv_inference_pending_request_count",
+                          "Instantaneous number of pending requests awaiting execution per-model.", "gauge")
+        load = _family("nv_model_load_duration_secs", "Model load time in seconds", "gauge")
+        durations = [_family(f"nv_inference_{k}_duration_us", doc, "counter") for k, doc in _DURATIONS]
+        summaries = [_family(f"nv_inference_{k}_summary_us", doc, "summary") for k, doc in SUMMARY_KINDS]
+        first = _family("nv_inference_first_response_histogram_ms",
+                        "Duration from request to first response in milliseconds", "histogram")
+        cache = [_family(name, doc, "counter") for name, doc in _CACHE]
         for mv in self.server.repository.serving():
             s = mv.stats.snapshot()
-            lv = [s.name, s.version]
-            success.add_metric(lv, s.success.count)
-            backend_failures = s.fail.count - s.cancelled
-            failure.add_metric([*lv, "REJECTED"], 0)
-            failure.add_metric([*lv, "CANCELED"], s.cancelled)
-            failure.add_metric([*lv, "BACKEND"], backend_failures)
-            failure.add_metric([*lv, "OTHER"], 0)
-            count.add_metric(lv, s.inference_count)
-            execs.add_metric(lv, s.execution_count)
-            pending.add_metric(lv, mv.queued())
-            durations["request"].add_metric(lv, (s.success.ns + s.fail.ns) // 1000)
-            durations["queue"].add_metric(lv, s.queue.ns // 1000)
-            durations["compute_input"].add_metric(lv, s.compute_input.ns // 1000)
-            durations["compute_infer"].add_metric(lv, s.compute_infer.ns // 1000)
-            durations["compute_output"].add_metric(lv, s.compute_output.ns // 1000)
-        yield from (success, failure, count, execs, pending, *durations.values())
+            lv = self.labels_of(mv)
+            success.add_sample(success.name, lv, s.success.count)
+            for reason in FAILURE_REASONS:
+                failure.add_sample(failure.name, {**lv, "reason": reason}, s.failure_count(reason))
+            count.add_sample(count.name, lv, s.inference_count)
+            execs.add_sample(execs.name, lv, s.execution_count)
+            pending.add_sample(pending.name, lv, mv.queued())
+            load.add_sample(load.name, lv, float(getattr(mv, "load_duration_s", 0.0)))
+            if self.config.counter_latencies:
+                values = ((s.success.ns + s.fail.ns), s.queue.ns, s.compute_input.ns, s.compute_infer.ns,
+                          s.compute_output.ns)
+                for fam, ns in zip(durations, values, strict=True):
+                    fam.add_sample(fam.name, lv, ns // 1000)
+            observer = getattr(mv, "latency", None)
+            if observer is not None and self.config.summary_latencies:
+                for i, fam in enumerate(summaries):
+                    for q, v in observer.quantiles(i):
+                        fam.add_sample(fam.name, {**lv, "quantile": floatToGoString(q)}, v)
+                    fam.add_sample(fam.name + "_count", lv, observer.counts[i])
+                    fam.add_sample(fam.name + "_sum", lv, observer.sums[i])
+            if observer is not None and self.config.histogram_latencies:
+                for le, n in observer.histogram():
+                    first.add_sample(first.name + "_bucket", {**lv, "le": le}, n)
+                first.add_sample(first.name + "_count", lv, observer.first_count)
+                first.add_sample(first.name + "_sum", lv, observer.first_sum_ms)
+            if mv.config.response_cache is not None and mv.config.response_cache.enable:
+                cached = (s.cache_hit.count, s.cache_miss.count, s.cache_hit.ns // 1000, s.cache_miss.ns // 1000)
+                for fam, v in zip(cache, cached, strict=True):
+                    fam.add_sample(fam.name, lv, v)
+        families = [success, failure, count, execs, pending, load]
+        if self.config.counter_latencies:
+            families += durations
+        if self.config.summary_latencies:
+            families += summaries
+        if self.config.histogram_latencies:
+            families.append(first)
+        yield from (f for f in [*families, *cache] if f.samples or f in (success, failure, count, execs))
 
 
 def _labels(labels: dict[str, str]) -> str:
@@ -122,7 +158,11 @@ class _One(Collector):
 
 def make_registry(server: Server, *host_collectors: Collector) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ModelStatsCollector(server))
+    uuids: dict[int, str] = {}
+    for collector in host_collectors:
+        if isinstance(collector, GpuMetrics):
+            uuids = {i: g.uuid for i, g in enumerate(collector.gpus)}
+    registry.register(ModelStatsCollector(server, uuids))
     for collector in host_collectors:
         registry.register(collector)
     return registry

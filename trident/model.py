@@ -1,14 +1,17 @@
 """A loaded model version: its nursery, instances, queue, request validation and statistics.
 
 Lifetime (:meth:`ModelVersion.run`, started with ``nursery.start`` in the repository's
-nursery): load every instance in its own worker thread, start one worker task per instance,
+nursery): load every instance in its own worker thread, register them with the rate limiter,
+run the ``model_warmup`` samples on each, start the scheduler (one worker task per instance),
 report READY, wait for unload, drain in-flight requests, cancel the workers, finalize the
-instances in threads. A load failure raises out of ``nursery.start``.
+instances in threads. A load or warmup failure raises out of ``nursery.start``.
+:meth:`ModelVersion.update_instances` applies an instance-count change in place.
 
-Request path (:meth:`ModelVersion.infer_stream`): validate, enqueue, then forward the
-request's responses as the workers produce them. The awaiting task owns the request:
-cancelling it marks the request cancelled, so a queued request is dropped before batch
-assembly and a running one has its result discarded.
+Request path (:meth:`ModelVersion.infer_stream`): validate, answer from the response cache
+when enabled and it has the answer, else enqueue, then forward the request's responses as the
+workers produce them (in dequeue order with ``preserve_ordering``). The awaiting task owns the
+request: cancelling it marks the request cancelled, so a queued request is dropped before
+batch assembly and a running one has its result discarded.
 """
 
 from __future__ import annotations
@@ -25,16 +28,21 @@ import trio
 from trident import config as cfg
 from trident.backends import Backend, LoadContext, ModelInstance
 from trident.batching import make_scheduler
+from trident.batching.cache import request_key
+from trident.batching.instances import InstanceSpec, instance_specs
 from trident.batching.scheduler import Scheduler
+from trident.batching.warmup import WarmupSample, warm_up, warmup_samples
 from trident.errors import Code, TritonError, internal, invalid_arg, unavailable
 from trident.execution import BatchExecutor, Pending
-from trident.protocol.generated.inference import ModelConfig, ModelInstanceGroupKind
-from trident.stats import StatsRecorder
+from trident.model_metrics import observer_for
+from trident.protocol.generated.inference import ModelConfig
+from trident.stats import BACKEND, CANCELED, REJECTED, StatsRecorder
 from trident.types import InferenceRequest, InferenceResponse
 
 log = logging.getLogger("trident.model")
 
 SendResponse = Callable[[InferenceResponse], Awaitable[None]]
+READY_PROBE_TIMEOUT_SECS = 5.0  # Triton's timeout for a model's is_ready()
 
 
 class _TensorSpec:
@@ -61,6 +69,8 @@ class ModelVersion:
         *,
         backend_config: dict[str, str] | None = None,
         server: Any = None,
+        rate_limiter: Any = None,
+        cache: Any = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -75,10 +85,20 @@ class ModelVersion:
         self.state = "LOADING"
         self.reason = ""
         self.stats = StatsRecorder(name, str(version))
+        self.latency = observer_for(server, config)  # summaries / first-response histogram (--metrics-config)
+        self.load_duration_s = 0.0  # set by the repository once loaded (nv_model_load_duration_secs)
+        self._tracer = getattr(server, "tracer", None)
         self.inflight = 0
         self.dropped = 0  # cancelled while queued: never executed
         self.discarded = 0  # cancelled while running: result thrown away
         self.instances: list[ModelInstance] = []
+        self._specs: dict[int, InstanceSpec] = {}  # id(instance) -> what it was loaded as
+        self._samples: list[WarmupSample] = []
+        self.rate_limiter = rate_limiter
+        enabled = config.response_cache is not None and config.response_cache.enable
+        self.cache = cache if enabled and not self.decoupled else None
+        if enabled and cache is None:
+            log.warning("model '%s' enables response_cache but the server has no cache (--cache-config)", name)
         self._backend_config = backend_config or {}
         self._server = server
         self._unload = trio.Event()
@@ -86,7 +106,8 @@ class ModelVersion:
         self._idle = trio.Event()
         self._idle.set()
         self.executor = BatchExecutor(self)
-        self.scheduler: Scheduler = make_scheduler(config, self.on_drop)
+        self.scheduler: Scheduler = make_scheduler(config, self.on_drop, rate_limiter=rate_limiter,
+                                                   model_dir=model_dir)
         self.inputs = {
             i.name: _TensorSpec(i.name, cfg.api_datatype(i.data_type), list(i.dims), bool(i.optional))
             for i in config.input
@@ -112,19 +133,9 @@ class ModelVersion:
             self.stopped.set()
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
-        contexts = self._instance_contexts()
-        try:
-            async with trio.open_nursery() as loads:
-                for i, ctx in enumerate(contexts):
-                    loads.start_soon(self._load_instance, i, ctx)
-        except BaseExceptionGroup as group:
-            await self._finalize_instances()
-            raise error_of(_first_leaf(group)) from group
-        except BaseException:
-            await self._finalize_instances()
-            raise
-        if len(self.instances) != len(contexts):  # pragma: no cover - defensive
-            raise internal(f"failed to load all instances of '{self.name}'")
+        if self.config.model_warmup:
+            self._samples = await trio.to_thread.run_sync(warmup_samples, self.config, self.model_dir)
+        self.instances = await self._start_instances(instance_specs(self.config), self.config)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.scheduler.run, list(self.instances), self.executor)
             self.state = "READY"
@@ -133,7 +144,8 @@ class ModelVersion:
             self.state = "UNLOADING"
             await self._idle.wait()
             nursery.cancel_scope.cancel()
-        await self._finalize_instances()
+        instances, self.instances = self.instances, []
+        await self._finalize(instances)
         self.state = "UNAVAILABLE"
         self.reason = "unloaded"
 
@@ -143,54 +155,98 @@ class ModelVersion:
             self.state = "UNLOADING"
         self._unload.set()
 
-    def _instance_contexts(self) -> list[LoadContext]:
-        contexts: list[LoadContext] = []
-        for group in self.config.instance_group:
-            kind = "KIND_" + ModelInstanceGroupKind(group.kind).name  # betterproto2 strips the prefix
-            devices = list(group.gpus) if kind == "KIND_GPU" and group.gpus else [0]
-            for device in devices:
-                for k in range(max(1, group.count)):
-                    contexts.append(
-                        LoadContext(
-                            model_name=self.name,
-                            version=self.version,
-                            model_dir=self.model_dir,
-                            version_dir=self.model_dir / str(self.version),
-                            config=self.config,
-                            config_json=self.config_json,
-                            instance_name=f"{group.name}_{len(contexts)}" if group.name else f"{self.name}_{k}",
-                            instance_kind=kind,
-                            device_id=device,
-                            backend_config=self._backend_config,
-                            server=self._server,
-                        )
-                    )
-        if not contexts:
-            contexts.append(
-                LoadContext(
-                    self.name, self.version, self.model_dir, self.model_dir / str(self.version),
-                    self.config, self.config_json, f"{self.name}_0", "KIND_CPU", 0,
-                    self._backend_config, self._server,
-                )
-            )
-        return contexts
+    def _context(self, spec: InstanceSpec, config: ModelConfig) -> LoadContext:
+        return LoadContext(
+            model_name=self.name,
+            version=self.version,
+            model_dir=self.model_dir,
+            version_dir=self.model_dir / str(self.version),
+            config=config,
+            config_json=cfg.config_to_json(config) if config is not self.config else self.config_json,
+            instance_name=spec.name,
+            instance_kind=spec.kind,
+            device_id=spec.device,
+            backend_config=self._backend_config,
+            server=self._server,
+        )
 
-    async def _load_instance(self, index: int, ctx: LoadContext) -> None:
+    async def _start_instances(self, specs: list[InstanceSpec], config: ModelConfig) -> list[ModelInstance]:
+        """Load (in parallel threads), register with the rate limiter and warm up ``specs``.
+
+        Raises TritonError when one fails; the instances already loaded are finalized first.
+        """
+        loaded: dict[int, ModelInstance] = {}
+        try:
+            async with trio.open_nursery() as loads:
+                for i, spec in enumerate(specs):
+                    loads.start_soon(self._load_instance, i, self._context(spec, config), loaded)
+            instances = [loaded[i] for i in range(len(specs))]
+            for spec, instance in zip(specs, instances, strict=True):
+                self._specs[id(instance)] = spec
+                if self.rate_limiter is not None:
+                    self.rate_limiter.register(instance, spec.needs)
+            if self._samples:
+                async with trio.open_nursery() as warmups:
+                    for instance in instances:
+                        warmups.start_soon(self._warm_up, instance)
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                await self._finalize(list(loaded.values()))
+            leaf = _first_leaf(exc) if isinstance(exc, BaseExceptionGroup) else exc
+            if isinstance(leaf, (trio.Cancelled, KeyboardInterrupt)) or not isinstance(leaf, Exception):
+                raise
+            raise error_of(leaf) from exc
+        return instances
+
+    async def _load_instance(self, index: int, ctx: LoadContext, loaded: dict[int, ModelInstance]) -> None:
         try:
             instance = await trio.to_thread.run_sync(self.backend.load_instance, ctx)
         except TritonError:
             raise
         except Exception as e:
             raise internal(f"failed to load '{self.name}' version {self.version}: {type(e).__name__}: {e}") from e
-        self.instances.append(instance)
+        loaded[index] = instance
 
-    async def _finalize_instances(self) -> None:
-        instances, self.instances = self.instances, []
+    async def _warm_up(self, instance: ModelInstance) -> None:
+        await warm_up(instance, self._samples, model_name=self.name, decoupled=self.decoupled, validate=self.validate,
+                      make_pending=lambda r: Pending(r, 1, self.executor.finish),
+                      limiter=self.executor.limiter(instance))
+
+    async def _finalize(self, instances: list[ModelInstance]) -> None:
         for instance in instances:
+            self._specs.pop(id(instance), None)
+            if self.rate_limiter is not None:
+                self.rate_limiter.unregister(instance)
             try:
                 await trio.to_thread.run_sync(instance.finalize)
             except Exception:
                 log.exception("finalize of '%s' version %d failed", self.name, self.version)
+
+    async def update_instances(self, config: ModelConfig) -> None:
+        """Apply ``config``, whose instance counts alone differ, without reloading.
+
+        New instances are loaded and warmed up before they get batches; removed ones finish
+        their current batch, then are finalized. Raises TritonError when a new instance fails
+        to load or warm up (nothing changes then) or when the scheduler cannot change its
+        instances (the caller reloads instead).
+        """
+        if not self.scheduler.supports_instance_update:
+            raise internal(f"the scheduler of model '{self.name}' cannot change its instances")
+        current = {spec.name: instance for instance in self.instances
+                   if (spec := self._specs.get(id(instance))) is not None}
+        wanted = instance_specs(config)
+        added = await self._start_instances([s for s in wanted if s.name not in current], config)
+        names = {s.name for s in wanted}
+        removed = [instance for name, instance in current.items() if name not in names]
+        self.config = config
+        self.config_json = cfg.config_to_json(config)
+        for instance in added:
+            self.scheduler.add_instance(instance)
+        self.instances = [i for i in self.instances if i not in removed] + added
+        for instance in removed:
+            await self.scheduler.remove_instance(instance)
+        await self._finalize(removed)
+        log.info("model '%s' version %d now has %d instance(s)", self.name, self.version, len(self.instances))
 
     def on_drop(self, pending: Pending) -> None:
         """A cancelled request left the queue without executing."""
@@ -205,49 +261,114 @@ class ModelVersion:
     def is_ready(self) -> bool:
         return self.state == "READY"
 
+    async def probe_ready(self) -> bool:
+        """READY and every instance's ``is_ready()`` (run in a thread, False after 5 s, as Triton).
+
+        A probe that times out is abandoned (its thread finishes on its own).
+        """
+        if self.state != "READY":
+            return False
+        for instance in list(self.instances):
+            with trio.move_on_after(READY_PROBE_TIMEOUT_SECS):
+                if await trio.to_thread.run_sync(instance.is_ready, abandon_on_cancel=True):
+                    continue
+            return False
+        return self.state == "READY"
+
     async def infer_stream(self, request: InferenceRequest, send: SendResponse) -> None:
         """Run ``request`` and ``await send(response)`` for each response (the last is final).
 
         Raises TritonError: INVALID_ARG for a bad request, UNAVAILABLE when the version is
-        not serving. Cancellation: cancelling the caller cancels the request; a queued request
-        is dropped, a running one has its result discarded.
+        not serving, when the queue is full or the queue timeout expires. Cancellation:
+        cancelling the caller cancels the request; a queued request is dropped, a running
+        one has its result discarded.
         """
         if self.state != "READY":
             raise unavailable(f"model '{self.name}' version {self.version} is not ready (state {self.state})")
         batch_size = self.validate(request)
         pending = Pending(request, batch_size, self.executor.finish)
+        trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
+        last: InferenceResponse | None = None
         self.inflight += 1
         self._idle = trio.Event() if self.inflight == 1 else self._idle
         try:
-            self.scheduler.enqueue(pending)
+            key = None
+            if self.cache is not None:
+                lookup_start = time.monotonic_ns()
+                key = request_key(self.name, self.version, request)
+                cached = self.cache.lookup(key)
+                lookup_ns = time.monotonic_ns() - lookup_start
+                if cached is not None:
+                    await self._send_cached(pending, cached, send, lookup_start, lookup_ns)
+                    return
+            try:
+                self.scheduler.enqueue(pending)
+            except TritonError:
+                self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=REJECTED)
+                raise
             first = True
             async with pending.receive:
                 async for response in pending.receive:
+                    if first and pending.turn is not None:
+                        await pending.turn.wait()
                     if response.error is not None and response.final and first:
-                        self._record(pending, ok=False)
+                        self._record(pending, response.error)
                         raise response.error
+                    if first and self.latency is not None:
+                        self.latency.first_response(time.monotonic_ns() - request.arrival_ns)
                     first = False
+                    last = response
                     await send(response)
                     if response.final:
-                        self._record(pending, ok=response.error is None)
+                        self._record(pending, response.error)
+                        if key is not None and response.error is None:
+                            self._cache_insert(key, response, lookup_ns)
                         return
         except trio.Cancelled:
             request.cancel()
-            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, cancelled=True)
+            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
             raise
         finally:
+            if trace is not None and self._tracer is not None:
+                self._tracer.complete(trace, pending, last)
+            if pending.turn is not None:
+                pending.turn.finish()
             self.inflight -= 1
             if self.inflight == 0:
                 self._idle.set()
 
-    def _record(self, pending: Pending, ok: bool) -> None:
+    async def _send_cached(self, pending: Pending, response: InferenceResponse, send: SendResponse,
+                           lookup_start: int, lookup_ns: int) -> None:
+        request = pending.request
+        response.model_name = self.name
+        response.model_version = str(self.version)
+        response.id = request.id
+        pending.turn = self.scheduler.next_turn()
+        if pending.turn is not None:
+            await pending.turn.wait()
+        await send(response)
+        self.stats.record_cache_hit(time.monotonic_ns() - request.arrival_ns, lookup_start - pending.enqueued_ns,
+                                    lookup_ns)
+
+    def _cache_insert(self, key: int, response: InferenceResponse, lookup_ns: int) -> None:
+        assert self.cache is not None
+        start = time.monotonic_ns()
+        if self.cache.insert(key, response):
+            self.stats.record_cache_miss(lookup_ns + time.monotonic_ns() - start)
+
+    def _record(self, pending: Pending, error: TritonError | None) -> None:
         now = time.monotonic_ns()
         request_ns = now - pending.request.arrival_ns
-        if not ok:
-            self.stats.record_failure(request_ns)
+        if error is not None:
+            rejected = pending.exec_ns is None and error.code == Code.UNAVAILABLE
+            self.stats.record_failure(request_ns, reason=REJECTED if rejected else BACKEND)
             return
-        start, infer_end, end = pending.exec_ns or (now, now, now)
-        self.stats.record_success(request_ns, start - pending.enqueued_ns, 0, infer_end - start, end - infer_end)
+        start, infer_start, infer_end, end = pending.exec_ns or (now, now, now, now)
+        self.stats.record_success(request_ns, start - pending.enqueued_ns, infer_start - start,
+                                  infer_end - infer_start, end - infer_end)
+        if self.latency is not None:
+            self.latency.request(request_ns, start - pending.enqueued_ns, infer_start - start,
+                                 infer_end - infer_start, end - infer_end)
 
     def validate(self, request: InferenceRequest) -> int:
         """Check names, datatypes and shapes against the config; return the batch size.

@@ -19,6 +19,7 @@ class ServerOptions:
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     http_max_input_size: int = 64 * 1024 * 1024
+    http_server: str = "trident"  # trident (trident.http.fastserver) | hypercorn
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
@@ -26,6 +27,9 @@ class ServerOptions:
     grpc_server_cert: str = ""
     grpc_server_key: str = ""
     grpc_root_cert: str = ""
+    grpc_use_ssl_mutual: bool = False
+    grpc_infer_response_compression_level: str = "none"  # none | low | medium | high
+    grpc_header_forward_pattern: str = ""
     grpc_max_message_size: int = 1024 * 1024 * 1024
     allow_metrics: bool = True
     allow_gpu_metrics: bool = True
@@ -33,6 +37,8 @@ class ServerOptions:
     metrics_address: str = ""
     metrics_port: int = 8002
     metrics_interval_ms: int = 2000
+    metrics_config: list[str] = field(default_factory=list)  # <key>=<value> (trident.model_metrics)
+    trace_config: list[str] = field(default_factory=list)  # [<mode>,]<key>=<value> (trident.tracing)
     # repository and lifecycle
     model_control_mode: str = "none"  # none | poll | explicit
     load_models: list[str] = field(default_factory=list)
@@ -46,6 +52,10 @@ class ServerOptions:
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     default_max_batch_size: int = 4
     allow_client_shm: bool = False
+    # scheduling
+    rate_limit: str = "off"  # off | execution_count
+    rate_limit_resources: list[str] = field(default_factory=list)  # <name>:<count>[:<device>]
+    cache_config: list[str] = field(default_factory=list)  # <cache>,<key>=<value> (local,size=N)
     # logging
     log_verbose: int = 0
     log_info: bool = True

@@ -3,7 +3,10 @@
 Every loaded :class:`~trident.model.ModelVersion` runs as a task in the repository's nursery
 (which outlives the front ends). A load prepares the config in a worker thread, starts every
 selected version and only then swaps them in, so a failed (re)load leaves the versions that
-were serving untouched and a successful one loses no availability. Unloading drains.
+were serving untouched and a successful one loses no availability. A reload whose only change
+is instance counts (same files, same versions) is applied to the serving versions in place.
+Unloading drains. The repository also owns the server-wide rate limiter (``--rate-limit``) and
+response cache (``--cache-config``) its model versions share.
 """
 
 from __future__ import annotations
@@ -20,7 +23,11 @@ import trio
 
 from trident import config as cfg
 from trident.backends import Backend, backend_name_for, get_backend
+from trident.batching.cache import ResponseCache, parse_cache_config
+from trident.batching.instances import counts_only_change
+from trident.batching.rate_limiter import RateLimiter
 from trident.config_validation import validate_config
+from trident.devices import gpu_count
 from trident.errors import TritonError, invalid_arg, not_found, unavailable, unsupported
 from trident.model import ModelVersion
 from trident.protocol.generated.inference import ModelConfig
@@ -53,6 +60,11 @@ class _Record:
     loading: bool = False
 
 
+def _without_config(fingerprint: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A fingerprint without the model configuration files (config.pbtxt, configs/)."""
+    return tuple(e for e in fingerprint if e[0] != "config.pbtxt" and not e[0].startswith("configs"))
+
+
 def _fingerprint(model_dir: Path) -> tuple[Any, ...]:
     entries = []
     for p in sorted(model_dir.rglob("*")):
@@ -78,6 +90,9 @@ class ModelRepository:
         self._nursery = nursery
         self._server = server
         self._records: dict[str, _Record] = {}
+        #: server-wide, shared by every model version (None when off / not configured)
+        self.rate_limiter = RateLimiter.from_options(options)
+        self.response_cache = ResponseCache.from_config(parse_cache_config(getattr(options, "cache_config", ())))
 
     # ---- scanning -------------------------------------------------------------------------
 
@@ -190,14 +205,20 @@ class ModelRepository:
             if tmpdir:
                 shutil.rmtree(tmpdir, ignore_errors=True)
             raise invalid_arg(f"load failed for model '{name}': {e.message}") from e
+        if not files and await self._update_in_place(rec, config, versions, model_dir):
+            log.info("successfully applied the instance counts of '%s' version(s) %s without reloading",
+                     name, sorted(versions))
+            return
         fresh: dict[int, ModelVersion] = {}
         failures: dict[int, str] = {}
 
         async def start_version(v: int) -> None:
             mv = ModelVersion(name, v, config, backend, model_dir, backend_config=self._backend_config(backend),
-                              server=self._server)
+                              server=self._server, rate_limiter=self.rate_limiter, cache=self.response_cache)
+            load_started = time.monotonic()
             try:
                 await self._nursery.start(mv.run)
+                mv.load_duration_s = time.monotonic() - load_started
             except TritonError as e:
                 failures[v] = e.message
             except Exception as e:  # a backend bug must not take the repository down
@@ -230,6 +251,29 @@ class ModelRepository:
         rec.tmpdir = tmpdir
         log.info("successfully loaded '%s' version(s) %s in %.3f s", name, sorted(fresh), time.monotonic() - started)
 
+    async def _update_in_place(self, rec: _Record, config: ModelConfig, versions: list[int], model_dir: Path) -> bool:
+        """Apply ``config`` to the serving versions when only instance counts changed.
+
+        Returns False (nothing done) when anything else differs: the version set, a model file,
+        another config field. Raises INVALID_ARG when an added instance fails to load.
+        """
+        serving = rec.versions
+        if not serving or set(serving) != set(versions) or not rec.fingerprint or rec.tmpdir is not None:
+            return False
+        if not all(counts_only_change(mv.config, config) and mv.scheduler.supports_instance_update
+                   for mv in serving.values()):
+            return False
+        fingerprint = await trio.to_thread.run_sync(_fingerprint, model_dir)
+        if _without_config(fingerprint) != _without_config(rec.fingerprint):
+            return False
+        try:
+            for mv in serving.values():
+                await mv.update_instances(config)
+        except TritonError as e:
+            raise invalid_arg(f"load failed for model '{rec.name}': {e.message}") from e
+        rec.fingerprint = fingerprint
+        return True
+
     def _prepare_config(self, name: str, model_dir: Path, config_json: str | None) -> tuple[ModelConfig, Backend]:
         """Read, auto-complete, default and validate a model's config. Blocking (thread).
 
@@ -239,14 +283,15 @@ class ModelRepository:
         config = cfg.config_from_json(config_json) if config_json else cfg.read_model_config(
             model_dir, config_name=self.options.model_config_name)
         # name, backend/platform from the files, version policy, instance groups...
-        config = cfg.complete_defaults(config, name, gpu_count=0, model_dir=model_dir)
+        gpus = gpu_count()
+        config = cfg.complete_defaults(config, name, gpu_count=gpus, model_dir=model_dir)
         backend = get_backend(backend_name_for(config.backend, config.platform))
         if not self.options.disable_auto_complete_config:
             versions = cfg.list_version_dirs(model_dir)
             version_dir = model_dir / str(max(versions)) if versions else None
             config = backend.auto_complete_config(config, model_dir, version_dir)
-            config = cfg.complete_defaults(config, name, gpu_count=0)
-        validate_config(config, name, model_dir)
+            config = cfg.complete_defaults(config, name, gpu_count=gpus)
+        validate_config(config, name, model_dir, gpu_count=gpus)
         return config, backend
 
     def _backend_config(self, backend: Backend) -> dict[str, str]:
@@ -270,13 +315,14 @@ class ModelRepository:
             await self._unload_record(rec)
 
     async def _unload_record(self, rec: _Record) -> None:
+        started = time.monotonic()
         old = list(rec.versions.values())
         rec.unloaded = set(rec.versions) | {v for v in rec.failed if v >= 0}
         rec.versions = {}
         rec.failed = {}
         tmp, rec.tmpdir = rec.tmpdir, None
         await self._unload_versions(old, tmp)
-        log.info("successfully unloaded '%s'", rec.name)
+        log.info("successfully unloaded '%s' in %.3f s", rec.name, time.monotonic() - started)
 
     async def _unload_versions(self, versions: list[ModelVersion], tmpdir: Path | None) -> None:
         for mv in versions:

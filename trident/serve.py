@@ -30,7 +30,10 @@ async def _start_front_ends(server: Server, nursery: trio.Nursery, http_nursery:
         port = await nursery.start(partial(serve_grpc, server, host=opts.grpc_address, port=opts.grpc_port))
         log.info("Started GRPCInferenceService at %s:%s", opts.grpc_address, port)
     if opts.allow_http:
-        from trident.http.serve import serve_http
+        if opts.http_server == "trident":
+            from trident.http.fastserver import serve_http_fast as serve_http
+        else:
+            from trident.http.serve import serve_http
 
         port = await http_nursery.start(partial(serve_http, server, host=opts.http_address, port=opts.http_port,
                                                 shutdown_trigger=shutdown.wait))

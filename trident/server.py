@@ -24,15 +24,19 @@ from trident.protocol.generated.inference import ModelConfig
 from trident.repository import IndexEntry, ModelRepository
 from trident.stats import ModelStatistics
 from trident.trace import TraceSettings
+from trident.tracing import Tracer, parse_trace_config
 from trident.types import InferenceRequest, InferenceResponse
 
 log = logging.getLogger("trident.server")
 
 EXTENSIONS = [
     "classification",
+    "sequence",
+    "sequence(string_id)",
     "model_repository",
     "model_repository(unload_dependents)",
     "model_configuration",
+    "schedule_policy",
     "binary_tensor_data",
     "parameters",
     "statistics",
@@ -51,7 +55,8 @@ class Server:
         self.options = options
         self.repository = ModelRepository(options, repository_nursery, server=self)
         self.logging = log_settings or LogSettings.from_options(options)
-        self.tracing = TraceSettings()
+        self.tracing = TraceSettings.from_options(options)
+        self.tracer = Tracer(self.tracing, parse_trace_config(list(options.trace_config))[1])
         self.stopping = False
         self._inflight = 0
         self._drained = trio.Event()
@@ -71,10 +76,20 @@ class Server:
         return {"name": self.options.server_id, "version": trident.__version__, "extensions": list(EXTENSIONS)}
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        """The version's state is READY (no model code runs; see :meth:`probe_model_ready`)."""
         try:
             return self.repository.get(name, version).is_ready()
         except TritonError:
             return False
+
+    async def probe_model_ready(self, name: str, version: str = "") -> bool:
+        """READY and the model's instances answer ``is_ready()`` with True within 5 s
+        (``/v2/models/<m>/ready``, gRPC ModelReady). Never raises."""
+        try:
+            mv = self.repository.get(name, version)
+        except TritonError:
+            return False
+        return await mv.probe_ready()
 
     def _get(self, name: str, version: str) -> ModelVersion:
         if not name:
@@ -236,4 +251,5 @@ async def open_server(options: ServerOptions | None = None,
                     log.warning("exit timeout expired with %d request(s) in flight", server._inflight)
                 with trio.move_on_after(options.exit_timeout_secs):
                     await server.repository.unload_all()
+            server.tracer.close()
             repository_nursery.cancel_scope.cancel()

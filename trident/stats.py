@@ -2,14 +2,26 @@
 
 :meth:`StatsRecorder.snapshot` returns a :class:`ModelStatistics` that feeds both the statistics
 extension (HTTP JSON via :meth:`ModelStatistics.to_json`, gRPC via the front end) and metrics.
-Cancelled requests count as failures (never as successes) and are also counted in
-``cancelled`` for metrics.
+
+Triton's accounting (core ``infer_stats.cc``): ``success`` / ``queue`` count every successful
+request, cache hits included; ``compute_*`` only executed ones (a request gets its batch's
+compute times); ``inference_count`` / ``execution_count`` / ``batch_stats`` only executions;
+``cache_hit`` is the lookup time of a hit, ``cache_miss`` the lookup plus insertion time of a
+miss. Each failure has a reason (:data:`FAILURE_REASONS`, the ``reason`` label of
+``nv_inference_request_failure``): REJECTED (queue timeout or full queue), CANCELED (the
+client went away), BACKEND (the model failed), OTHER. ``cancelled`` is the CANCELED count.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+REJECTED = "REJECTED"
+CANCELED = "CANCELED"
+BACKEND = "BACKEND"
+OTHER = "OTHER"
+FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +68,12 @@ class ModelStatistics:
     cache_miss: Duration = Duration()
     batch_stats: tuple[BatchStats, ...] = ()
     cancelled: int = 0
+    #: (reason, failed requests) for each of FAILURE_REASONS, in that order
+    failures: tuple[tuple[str, int], ...] = ()
+
+    def failure_count(self, reason: str) -> int:
+        """Failed requests with ``reason`` (one of FAILURE_REASONS)."""
+        return dict(self.failures).get(reason, 0)
 
     def to_json(self) -> dict[str, object]:
         """Triton's HTTP statistics-extension shape for one entry of ``model_stats``."""
@@ -119,6 +137,7 @@ class StatsRecorder:
         self.compute_output = _Acc()
         self.cache_hit = _Acc()
         self.cache_miss = _Acc()
+        self.failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
         self._batches: dict[int, _BatchAcc] = {}
 
     def record_success(self, request_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
@@ -130,11 +149,25 @@ class StatsRecorder:
         self.compute_output.add(output_ns)
         self.last_inference_ms = time.time_ns() // 1_000_000
 
-    def record_failure(self, request_ns: int, *, cancelled: bool = False) -> None:
+    def record_failure(self, request_ns: int, *, cancelled: bool = False, reason: str = "") -> None:
+        """One request failed after ``request_ns``; ``reason`` defaults to CANCELED or OTHER."""
+        reason = reason or (CANCELED if cancelled else OTHER)
         self.fail.add(request_ns)
-        if cancelled:
+        self.failures[reason] = self.failures.get(reason, 0) + 1
+        if reason == CANCELED:
             self.cancelled += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_cache_hit(self, request_ns: int, queue_ns: int, lookup_ns: int) -> None:
+        """A request answered from the response cache (no execution)."""
+        self.success.add(request_ns)
+        self.queue.add(queue_ns)
+        self.cache_hit.add(lookup_ns)
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_cache_miss(self, lookup_and_insert_ns: int) -> None:
+        """A cache miss whose response was then inserted (its success is recorded separately)."""
+        self.cache_miss.add(lookup_and_insert_ns)
 
     def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One batch executed with ``batch_size`` inferences in it."""
@@ -167,4 +200,5 @@ class StatsRecorder:
                 for size, a in sorted(self._batches.items())
             ),
             cancelled=self.cancelled,
+            failures=tuple((reason, self.failures.get(reason, 0)) for reason in FAILURE_REASONS),
         )

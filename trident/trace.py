@@ -53,6 +53,19 @@ class TraceSettings:
             "trace_mode": "triton",
         }
         self.model_settings: dict[str, dict[str, Any]] = {}
+        #: bumped by every change (trident.tracing.Tracer re-reads the settings then)
+        self.generation = 0
+
+    @classmethod
+    def from_options(cls, options: Any) -> TraceSettings:
+        """Settings with ``--trace-config`` applied; raises ValueError for a bad entry."""
+        from trident.tracing import parse_trace_config
+
+        settings = cls()
+        changes, _ = parse_trace_config(list(getattr(options, "trace_config", []) or []))
+        if changes:
+            settings.update("", changes)
+        return settings
 
     def get(self, model: str = "") -> dict[str, Any]:
         merged = dict(self.global_settings)
@@ -74,4 +87,5 @@ class TraceSettings:
                 if v is None:
                     raise invalid_arg(f"global trace setting '{k}' can not be cleared")
                 self.global_settings[k] = v
+        self.generation += 1
         return self.get(model)

@@ -1,46 +1,90 @@
-"""The Python backend: Triton ``model.py`` files (``class TritonPythonModel``) run in-process.
+"""The Python backend: Triton ``model.py`` files (``class TritonPythonModel``).
 
-Each instance imports its own copy of ``model.py`` (see :mod:`._loader`), so module-level
-state is per instance as with Triton's one stub process per instance, and runs
-``initialize`` / ``execute`` / ``finalize`` in the instance's worker thread. Requests and
-responses are wrapped, never copied: a ``pb_utils.Tensor`` holds the request's numpy array
-and an output's array becomes the response tensor's data.
+Two execution modes, chosen per model (see :func:`execution_options`):
+
+* **thread** (default): each instance imports its own copy of ``model.py`` (see
+  :mod:`._loader`), so module-level state is per instance as with Triton's one stub process
+  per instance, and runs ``initialize`` / ``execute`` / ``finalize`` in the instance's worker
+  thread. Requests and responses are wrapped, never copied: a ``pb_utils.Tensor`` holds the
+  request's numpy array and an output's array becomes the response tensor's data.
+* **process** (``parameters { key: "TRIDENT_EXECUTION_MODE" value: { string_value: "process" } }``):
+  each instance runs in its own Python process, tensors cross in shared memory; see
+  :mod:`trident.backends.python.isolated`.
 
 ``async def`` methods (``execute``, ``initialize``, ``finalize``) run on a private asyncio
 event loop owned by the instance, created on first use and closed at finalize; asyncio is used
 nowhere else in trident.
 
-Not yet (issue 4): decoupled models and the response sender, BLS, request rescheduling,
-``EXECUTION_ENV_PATH`` environments and process isolation. Each fails with a clear
-UNSUPPORTED error.
+Decoupled models (``model_transaction_policy { decoupled: true }``) return None from
+``execute`` and answer through ``request.get_response_sender()`` from any thread. BLS,
+model management and custom metrics go through :mod:`._runtime`.
+
+Not supported (each fails with a clear UNSUPPORTED error): request rescheduling and
+``EXECUTION_ENV_PATH`` environments.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from trident import config as model_config
 from trident.backends.base import Backend, LoadContext, ModelInstance
-from trident.backends.python import _loader, pb_utils
-from trident.errors import Code, TritonError, internal, invalid_arg, unsupported
-from trident.protocol.generated.inference import ModelConfig
-from trident.types import InferenceRequest, InferenceResponse, ParamValue, Tensor
+from trident.backends.python import _convert, _loader, pb_utils
+from trident.errors import TritonError, internal, invalid_arg, unsupported
+from trident.types import InferenceRequest, InferenceResponse
+
+if TYPE_CHECKING:  # the model process imports this module: keep trio and the config stack out
+    from trident.protocol.generated.inference import ModelConfig
 
 log = logging.getLogger(__name__)
 
-#: request parameters Triton consumes itself; models see the others through parameters()
-_RESERVED_PARAMETERS = frozenset(
-    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
-)
 _UNSUPPORTED_PARAMETERS = {"EXECUTION_ENV_PATH": "custom execution environments (conda-pack tarballs)"}
+
+#: config.pbtxt parameters of the Python backend (``--backend-config=python,<key>=<v>`` in
+#: lower case with dashes sets a server-wide default, e.g. ``execution-mode=process``)
+EXECUTION_MODE = "TRIDENT_EXECUTION_MODE"  # "thread" (default) or "process"
+EXECUTE_TIMEOUT = "TRIDENT_EXECUTE_TIMEOUT_SECS"  # process mode: kill and restart after this (0: never)
+SHM_BYTES = "TRIDENT_SHM_BYTES"  # process mode: bytes of each shared-memory ring (default 8 MiB)
+_MODES = ("thread", "process")
+
+
+@dataclass(frozen=True)
+class ExecutionOptions:
+    mode: str = "thread"
+    execute_timeout: float = 0.0
+    shm_bytes: int = 8 << 20
+
+
+def execution_options(config: ModelConfig, backend_config: dict[str, str] | None = None) -> ExecutionOptions:
+    """The execution mode and its settings for a model: config parameters first, then
+    ``--backend-config=python,...`` defaults. Raises TritonError(INVALID_ARG) for bad values."""
+    defaults = backend_config or {}
+
+    def value(key: str) -> str:
+        param = config.parameters.get(key)
+        if param is not None and param.string_value.strip():
+            return param.string_value.strip()
+        return defaults.get(key.removeprefix("TRIDENT_").lower().replace("_", "-"), "").strip()
+
+    name = config.name
+    mode = (value(EXECUTION_MODE) or "thread").lower()
+    if mode not in _MODES:
+        raise invalid_arg(f"model '{name}': {EXECUTION_MODE} must be 'thread' or 'process', got '{mode}'")
+    try:
+        timeout = float(value(EXECUTE_TIMEOUT) or 0)
+        shm = int(value(SHM_BYTES) or value("SHM_DEFAULT_BYTE_SIZE") or (8 << 20))
+    except ValueError as e:
+        raise invalid_arg(f"model '{name}': bad execution parameter: {e}") from None
+    if timeout < 0 or shm < 4096:
+        raise invalid_arg(f"model '{name}': {EXECUTE_TIMEOUT} must be >= 0 and {SHM_BYTES} >= 4096")
+    return ExecutionOptions(mode, timeout, shm)
 
 
 def _describe(e: BaseException) -> str:
@@ -56,47 +100,44 @@ def _describe(e: BaseException) -> str:
     return text
 
 
-def _bytes_array(array: np.ndarray) -> np.ndarray:
-    """``array`` as an object array of bytes (str is UTF-8 encoded, other objects via str())."""
-    if array.dtype == object:
-        flat = array.reshape(-1)
-        if all(type(x) is bytes for x in flat):
-            return array
-        items = flat.tolist()
-    else:  # 'S' or 'U'
-        items = array.reshape(-1).tolist()
-    out = np.empty(len(items), dtype=object)
-    out[:] = [
-        x if isinstance(x, bytes) else x.encode("utf-8") if isinstance(x, str) else str(x).encode("utf-8")
-        for x in items
-    ]
-    return out.reshape(array.shape)
-
-
-def _to_trident_tensor(t: pb_utils.Tensor) -> Tensor:
-    array = t.as_numpy()
-    datatype = t._datatype
-    if datatype == "BYTES":
-        array = _bytes_array(array)
-    return Tensor(t.name(), datatype, tuple(int(d) for d in array.shape), array)
-
-
 def _model_file(config: ModelConfig, folder: Path) -> Path:
     return folder / (config.default_model_filename or PythonBackend.default_model_filename)
+
+
+@dataclass(frozen=True)
+class InstanceIdentity:
+    """What an instance needs to know about its model, as plain values (the model process of
+    the isolated mode gets it without the config stack)."""
+
+    model_name: str
+    version: int
+    instance_name: str
+    decoupled: bool
+    outputs: tuple[str, ...]
+
+    @classmethod
+    def of(cls, ctx: LoadContext) -> InstanceIdentity:
+        policy = ctx.config.model_transaction_policy
+        return cls(ctx.model_name, ctx.version, ctx.instance_name or f"{ctx.model_name}_0",
+                   bool(policy and policy.decoupled), tuple(o.name for o in ctx.config.output))
 
 
 class PythonInstance(ModelInstance):
     """One ``TritonPythonModel`` object and the module it came from."""
 
-    def __init__(self, ctx: LoadContext, loaded: _loader.LoadedModule, model: Any) -> None:
-        self.model_name = ctx.model_name
-        self.version = ctx.version
-        self.instance_name = ctx.instance_name or f"{ctx.model_name}_0"
+    def __init__(self, identity: InstanceIdentity, loaded: _loader.LoadedModule, model: Any,
+                 runtime: pb_utils._Runtime | None = None) -> None:
+        self.model_name = identity.model_name
+        self.version = identity.version
+        self.instance_name = identity.instance_name
+        self.decoupled = identity.decoupled
         self._loaded = loaded
         self._model = model
+        self._runtime = runtime
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._all_outputs = [o.name for o in ctx.config.output]
+        self._all_outputs = list(identity.outputs)
         self._finalized = False
+        pb_utils._bind_package(loaded.package, runtime)
 
     # ---- running model code ----
 
@@ -129,7 +170,8 @@ class PythonInstance(ModelInstance):
         if init is None:
             return
         try:
-            self._resolve(init(args))
+            with pb_utils._Context(self._runtime):
+                self._resolve(init(args))
         except (Exception, SystemExit, asyncio.CancelledError) as e:
             raise internal(
                 f"failed to initialize model '{self.model_name}' instance '{self.instance_name}': {_describe(e)}"
@@ -137,17 +179,21 @@ class PythonInstance(ModelInstance):
 
     # ---- ModelInstance ----
 
-    def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse]:
+    def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse] | None:
         """Run the model's ``execute`` on a batch.
 
         Raises TritonError(INTERNAL) with Triton's message when ``execute`` raises or returns
-        something other than one ``pb_utils.InferenceResponse`` per request, UNSUPPORTED when
-        the model asks to reschedule a request. A response carrying a ``pb_utils.TritonError``
-        fails only its own request.
+        something other than one ``pb_utils.InferenceResponse`` per request (None for
+        decoupled models, and for models that answered through the response sender),
+        UNSUPPORTED when the model asks to reschedule a request. A response carrying a
+        ``pb_utils.TritonError`` fails only its own request. Decoupled: returns None.
         """
-        pb_requests = [self._wrap_request(r) for r in requests]
+        pb_requests = [_convert.wrap_request(r, self._all_outputs) for r in requests]
+        for r, pb in zip(requests, pb_requests, strict=True):
+            pb._sender_factory = functools.partial(self._make_sender, r)
         try:
-            result = self._resolve(self._model.execute(pb_requests))
+            with pb_utils._Context(self._runtime, requests):
+                result = self._resolve(self._model.execute(pb_requests))
         except (Exception, SystemExit, asyncio.CancelledError) as e:
             log.debug("model '%s' execute raised", self.model_name, exc_info=True)
             raise internal(self._failure(_describe(e))) from e
@@ -156,6 +202,19 @@ class PythonInstance(ModelInstance):
                 f"model '{self.model_name}': request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) "
                 "is not supported by trident yet"
             )
+        if self.decoupled:
+            if result is not None:
+                raise internal(self._failure(
+                    f"Python model '{self.instance_name}' is using the decoupled mode and the execute "
+                    "function must return None."
+                ))
+            return None
+        if result is None:  # answered through the response sender (one final response each)
+            return [self._sent_or_missing(pb) for pb in pb_requests]
+        return self.check_responses(requests, result)
+
+    def check_responses(self, requests: list[InferenceRequest], result: Any) -> list[InferenceResponse]:
+        """``execute``'s return value as one trident response per request. Raises TritonError."""
         if not isinstance(result, (list, tuple)):
             raise internal(
                 self._failure(f"Expected a list in the execute return, got {type(result).__name__}")
@@ -175,7 +234,31 @@ class PythonInstance(ModelInstance):
                         f"execute must return pb_utils.InferenceResponse objects, got {type(item).__name__}"
                     )
                 )
-        return [self._convert_response(req, resp) for req, resp in zip(requests, result, strict=True)]
+        return [self._convert_response(resp, req.id) for req, resp in zip(requests, result, strict=True)]
+
+    def _sent_or_missing(self, request: pb_utils.InferenceRequest) -> InferenceResponse:
+        sender = request._sender
+        if sender is not None and sender._closed:
+            return InferenceResponse()  # delivered already: the executor skips completed requests
+        return InferenceResponse(error=internal(self._failure(
+            f"execute returned None but no final response was sent for request '{request.request_id()}'"
+        )))
+
+    def _make_sender(self, request: InferenceRequest) -> pb_utils.InferenceResponseSender:
+        responder = request.responder
+        if responder is None:
+            raise pb_utils.TritonModelException(
+                "this request has no response channel (it was not queued by a trident server)"
+            )
+
+        def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
+            converted = None if response is None else self._convert_response(response, request.id)
+            try:
+                responder.send(converted, final)
+            except TritonError as e:
+                raise pb_utils.TritonModelException(e.message) from None
+
+        return pb_utils.InferenceResponseSender(deliver, responder.is_cancelled, self.decoupled)
 
     def finalize(self) -> None:
         """Call the model's ``finalize()`` if it has one, then release the module (idempotent).
@@ -188,7 +271,8 @@ class PythonInstance(ModelInstance):
         try:
             fin = getattr(self._model, "finalize", None)
             if fin is not None:
-                self._resolve(fin())
+                with pb_utils._Context(self._runtime):
+                    self._resolve(fin())
         except (Exception, SystemExit, asyncio.CancelledError) as e:
             raise internal(f"finalize of model '{self.model_name}' failed: {_describe(e)}") from e
         finally:
@@ -196,7 +280,25 @@ class PythonInstance(ModelInstance):
                 self._close_loop()
             finally:
                 self._model = None
+                pb_utils._bind_package(self._loaded.package, None)
                 _loader.release(self._loaded)
+
+    def sequence_idle_timeout(self, correlation_id: int | str) -> None:
+        """Tell the model that sequence ``correlation_id`` timed out (trident's addition).
+
+        Calls ``TritonPythonModel.sequence_idle_timeout(correlation_id)`` (sync or async) when
+        the model defines it; the sequence batcher calls this on the instance's thread after
+        freeing the slot of a sequence idle for ``max_sequence_idle_microseconds``. Raises
+        TritonError(INTERNAL) when the model's method raises.
+        """
+        hook = getattr(self._model, "sequence_idle_timeout", None) if not self._finalized else None
+        if hook is None:
+            return
+        try:
+            with pb_utils._Context(self._runtime):
+                self._resolve(hook(correlation_id))
+        except (Exception, SystemExit, asyncio.CancelledError) as e:
+            raise internal(f"sequence_idle_timeout of model '{self.model_name}' failed: {_describe(e)}") from e
 
     def is_ready(self) -> bool:
         """The model's ``is_ready()`` (sync or async) if it has one, else True; False after
@@ -207,7 +309,8 @@ class PythonInstance(ModelInstance):
         if check is None:
             return True
         try:
-            value = check()
+            with pb_utils._Context(self._runtime):
+                value = check()
             if inspect.isawaitable(value):  # a loop of its own: execute may be running
                 loop = asyncio.new_event_loop()
                 try:
@@ -226,45 +329,11 @@ class PythonInstance(ModelInstance):
             f"Failed to process the request(s) for model instance '{self.instance_name}', message: {message}"
         )
 
-    def _wrap_request(self, request: InferenceRequest) -> pb_utils.InferenceRequest:
-        params = request.parameters
-        correlation_id: int | str = 0
-        flags = 0
-        timeout = 0
-        custom_json = "{}"
-        if params:
-            seq = params.get("sequence_id", 0)
-            correlation_id = seq if isinstance(seq, (int, str)) and not isinstance(seq, bool) else 0
-            if params.get("sequence_start"):
-                flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
-            if params.get("sequence_end"):
-                flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
-            t = params.get("timeout", 0)
-            timeout = int(t) if isinstance(t, (int, float)) else 0
-            custom = {k: v for k, v in params.items() if k not in _RESERVED_PARAMETERS}
-            if custom:
-                custom_json = json.dumps(custom)
-        requested = [o.name for o in request.outputs] if request.outputs else list(self._all_outputs)
-        return pb_utils.InferenceRequest._wrap(
-            request, requested, correlation_id, flags, timeout, custom_json
-        )
-
-    def _convert_response(
-        self, request: InferenceRequest, response: pb_utils.InferenceResponse
-    ) -> InferenceResponse:
-        out = InferenceResponse(model_name=self.model_name, model_version=str(self.version), id=request.id)
-        error = response.error()
-        if error is not None:
-            out.error = TritonError(Code[error.code().name], error.message())
-            return out
-        try:
-            out.outputs = [_to_trident_tensor(t) for t in response.output_tensors()]
-        except Exception as e:
-            out.error = internal(self._failure(f"cannot convert outputs: {type(e).__name__}: {e}"))
-            return out
-        params: dict[str, ParamValue] = response._param_dict
-        if params:
-            out.parameters = dict(params)
+    def _convert_response(self, response: pb_utils.InferenceResponse, request_id: str) -> InferenceResponse:
+        out = _convert.to_response(response, self._failure(""))
+        out.model_name = self.model_name
+        out.model_version = str(self.version)
+        out.id = request_id
         return out
 
 
@@ -285,92 +354,59 @@ class PythonBackend(Backend):
         method fails or returns something other than a ``pb_utils.ModelConfig``, and
         INVALID_ARG when the completed config is not a valid model configuration.
         """
+        from trident import config as model_config
+
         if version_dir is None:
             return config
         model_file = _model_file(config, version_dir)
         if not model_file.is_file():
             return config
-        label = f"{config.name or model_dir.name}_autocomplete"
-        try:
-            loaded = _loader.import_model_file(model_file, label, keep_path=False)
-        except (Exception, SystemExit) as e:
-            raise internal(f"failed to import '{model_file}' for auto-complete: {_describe(e)}") from e
-        try:
-            cls = getattr(loaded.module, "TritonPythonModel", None)
-            complete = getattr(cls, "auto_complete_config", None)
-            if complete is None:
-                return config
-            name = config.name or model_dir.name
-            try:
-                result = complete(pb_utils.ModelConfig(model_config.config_to_json(config)))
-            except (Exception, SystemExit) as e:
-                raise internal(f"auto_complete_config of model '{name}' failed: {_describe(e)}") from e
-            if not isinstance(result, pb_utils.ModelConfig):
-                raise internal(
-                    f"auto_complete_config function in model '{name}' must return a valid pb.ModelConfig object."
-                )
-            try:
-                text = json.dumps(result.as_dict())
-            except (TypeError, ValueError) as e:
-                raise invalid_arg(
-                    f"auto_complete_config of model '{name}' produced a config that is not JSON: {e}"
-                ) from e
-            return model_config.config_from_json(text)
-        finally:
-            _loader.release(loaded)
+        name = config.name or model_dir.name
+        current = model_config.config_to_json(config)
+        if execution_options(config).mode == "process":  # a throwaway interpreter, as Triton does
+            from trident.backends.python.isolated.parent import auto_complete_in_process
 
-    def load_instance(self, ctx: LoadContext) -> PythonInstance:
-        """Import ``model.py``, build a ``TritonPythonModel`` and call its ``initialize(args)``.
+            result = auto_complete_in_process(model_file, name, current)
+        else:
+            result = complete_config(model_file, name, current)
+        if result is None:
+            return config
+        try:
+            text = json.dumps(result)
+        except (TypeError, ValueError) as e:
+            raise invalid_arg(f"auto_complete_config of model '{name}' produced a config that is not JSON: {e}") from e
+        return model_config.config_from_json(text)
 
-        Raises TritonError: UNSUPPORTED for decoupled models and ``EXECUTION_ENV_PATH``,
-        INTERNAL when the file is missing, fails to import, has no ``TritonPythonModel``, or
-        construction or ``initialize`` raises.
+    def load_instance(self, ctx: LoadContext) -> ModelInstance:
+        """Import ``model.py``, build a ``TritonPythonModel`` and call its ``initialize(args)``
+        (in this process, or in a model process of its own in process mode).
+
+        Raises TritonError: UNSUPPORTED for ``EXECUTION_ENV_PATH``, INVALID_ARG for bad
+        execution parameters, INTERNAL when the file is missing, fails to import, has no
+        ``TritonPythonModel``, or construction or ``initialize`` raises.
         """
         config = ctx.config
-        policy = config.model_transaction_policy
-        if policy is not None and policy.decoupled:
-            raise unsupported(
-                f"model '{ctx.model_name}': decoupled Python models are not supported by trident yet"
-            )
         for key, what in _UNSUPPORTED_PARAMETERS.items():
             if key in config.parameters:
                 raise unsupported(
                     f"model '{ctx.model_name}': parameter {key} ({what}) is not supported by trident"
                 )
+        options = execution_options(config, ctx.backend_config)
+        if options.mode == "process":
+            from trident.backends.python.isolated.parent import IsolatedInstance
+
+            model_file = self.model_file(ctx)
+            if not model_file.is_file():
+                raise internal(f"Python model file not found in '{model_file}'")
+            return IsolatedInstance(ctx, InstanceIdentity.of(ctx), model_file, self.initialize_args(ctx), options)
         model_file = self.model_file(ctx)
         if not model_file.is_file():
             raise internal(f"Python model file not found in '{model_file}'")
-        label = f"{ctx.model_name}_{ctx.version}_{ctx.instance_name}"
-        try:
-            loaded = _loader.import_model_file(model_file, label, keep_path=True)
-        except (Exception, SystemExit) as e:
-            raise internal(
-                f"failed to load model '{ctx.model_name}' from '{model_file}': {_describe(e)}"
-            ) from e
-        try:
-            cls = getattr(loaded.module, "TritonPythonModel", None)
-            if not isinstance(cls, type):
-                raise internal(f"'{model_file}' does not define class TritonPythonModel")
-            try:
-                model = cls()
-            except (Exception, SystemExit) as e:
-                raise internal(
-                    f"TritonPythonModel() of model '{ctx.model_name}' failed: {_describe(e)}"
-                ) from e
-        except BaseException:
-            _loader.release(loaded)
-            raise
-        instance = PythonInstance(ctx, loaded, model)
-        try:
-            instance.initialize(self.initialize_args(ctx))
-        except BaseException:
-            instance._finalized = True
-            try:
-                instance._close_loop()
-            finally:
-                _loader.release(loaded)
-            raise
-        return instance
+        from trident.backends.python._runtime import InProcessRuntime, current_token
+
+        token = current_token() if ctx.server is not None else None
+        runtime = InProcessRuntime(ctx.server, token) if token is not None else None
+        return load_in_this_process(model_file, InstanceIdentity.of(ctx), self.initialize_args(ctx), runtime)
 
     @staticmethod
     def initialize_args(ctx: LoadContext) -> dict[str, str]:
@@ -385,3 +421,70 @@ class PythonBackend(Backend):
             "model_version": str(ctx.version),
             "model_name": ctx.model_name,
         }
+
+
+def load_in_this_process(model_file: Path, identity: InstanceIdentity, args: dict[str, str],
+                         runtime: pb_utils._Runtime | None) -> PythonInstance:
+    """Import ``model_file``, build its ``TritonPythonModel`` and run ``initialize(args)``.
+
+    Raises TritonError(INTERNAL) when the file fails to import, has no ``TritonPythonModel``,
+    or construction or ``initialize`` raises (everything imported is released again).
+    """
+    label = f"{identity.model_name}_{identity.version}_{identity.instance_name}"
+    try:
+        loaded = _loader.import_model_file(model_file, label, keep_path=True)
+    except (Exception, SystemExit) as e:
+        raise internal(f"failed to load model '{identity.model_name}' from '{model_file}': {_describe(e)}") from e
+    try:
+        cls = getattr(loaded.module, "TritonPythonModel", None)
+        if not isinstance(cls, type):
+            raise internal(f"'{model_file}' does not define class TritonPythonModel")
+        try:
+            model = cls()
+        except (Exception, SystemExit) as e:
+            raise internal(f"TritonPythonModel() of model '{identity.model_name}' failed: {_describe(e)}") from e
+    except BaseException:
+        _loader.release(loaded)
+        raise
+    instance = PythonInstance(identity, loaded, model, runtime)
+    try:
+        instance.initialize(args)
+    except BaseException:
+        instance._finalized = True
+        try:
+            instance._close_loop()
+        finally:
+            pb_utils._bind_package(loaded.package, None)
+            _loader.release(loaded)
+        raise
+    return instance
+
+
+def complete_config(model_file: Path, name: str, current: dict[str, Any]) -> dict[str, Any] | None:
+    """Run ``TritonPythonModel.auto_complete_config`` of ``model_file`` on ``current`` (Triton's
+    JSON shape); None when the model has no such method.
+
+    The file is imported under a throwaway name and forgotten afterwards. Raises
+    TritonError(INTERNAL) when importing or the method fails or returns something other than
+    a ``pb_utils.ModelConfig``.
+    """
+    try:
+        loaded = _loader.import_model_file(model_file, f"{name}_autocomplete", keep_path=False)
+    except (Exception, SystemExit) as e:
+        raise internal(f"failed to import '{model_file}' for auto-complete: {_describe(e)}") from e
+    try:
+        cls = getattr(loaded.module, "TritonPythonModel", None)
+        complete = getattr(cls, "auto_complete_config", None)
+        if complete is None:
+            return None
+        try:
+            result = complete(pb_utils.ModelConfig(current))
+        except (Exception, SystemExit) as e:
+            raise internal(f"auto_complete_config of model '{name}' failed: {_describe(e)}") from e
+        if not isinstance(result, pb_utils.ModelConfig):
+            raise internal(
+                f"auto_complete_config function in model '{name}' must return a valid pb.ModelConfig object."
+            )
+        return result.as_dict()
+    finally:
+        _loader.release(loaded)

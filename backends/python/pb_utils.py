@@ -14,23 +14,41 @@ Parity notes (Triton's python_backend, ``pb_stub.cc`` and ``triton_python_backen
   from an immutable buffer.
 * ``TritonError.code()`` returns the numeric ``TRITONSERVER_Error_Code`` (an ``IntEnum``).
 * ``serialize_byte_tensor`` returns ``b""`` (Triton: an empty tuple) for an empty tensor.
-* Not available yet (each raises :class:`TritonModelException` naming the feature): BLS
-  (``InferenceRequest.exec``/``async_exec``), the decoupled response sender, model
-  management (``load_model``...) and custom metrics (``MetricFamily``).
+* The server side of the API (BLS, the decoupled response sender, model management, custom
+  metrics) is provided by a :class:`_Runtime`: the in-process one for models run in worker
+  threads (:mod:`trident.backends.python._runtime`), the process-isolated one inside a model
+  process (:mod:`trident.backends.python.isolated.child`). The runtime is found through the
+  calling thread (set while ``initialize``/``execute``/``finalize`` run), then through the
+  model module on the call stack (threads the model starts itself), then the process default.
+* BLS requests made while ``execute`` runs are cancelled when every request of that batch is
+  cancelled. ``async_exec`` runs ``exec`` in the asyncio loop's default executor.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import logging
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from trident.backends.python._model_config import ModelConfig as ModelConfig  # re-exported for models
+from trident.backends.python._pb_base import MODEL_PACKAGE_PREFIX as MODEL_PACKAGE_PREFIX
+from trident.backends.python._pb_base import TritonModelException as TritonModelException
+from trident.backends.python._pb_base import _bind_package as _bind_package
+from trident.backends.python._pb_base import _Context as _Context
+from trident.backends.python._pb_base import _current_runtime, _require_runtime, _tls
+from trident.backends.python._pb_base import _Runtime as _Runtime
+from trident.backends.python._pb_base import _set_default_runtime as _set_default_runtime
+from trident.backends.python._pb_metrics import Metric as Metric
+from trident.backends.python._pb_metrics import MetricFamily as MetricFamily
+from trident.backends.python._pb_tensor import _API_TO_NUM
+from trident.backends.python._pb_tensor import Tensor as Tensor
 from trident.protocol import datatypes
 
 # no __all__: as with Triton's module, ``from triton_python_backend_utils import *`` takes every
@@ -53,16 +71,8 @@ def register() -> None:
         sys.modules[MODULE_NAME] = me
 
 
-class TritonModelException(Exception):
-    """The exception model code raises (and that pb_utils raises) to fail a call."""
-
-
 # ---- datatypes: API name <-> TRITONSERVER_DataType number <-> numpy ----
 
-_API_TO_NUM: dict[str, int] = {
-    "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7,
-    "INT32": 8, "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14,
-}  # fmt: skip
 _NUM_TO_API = {v: k for k, v in _API_TO_NUM.items()}
 
 _NUM_TO_NUMPY: dict[int, type] = {
@@ -166,114 +176,6 @@ class TritonError:
         return f"TritonError({self._message!r}, code=TritonError.{self._code.name})"
 
 
-# ---- tensors ----
-
-_KDL_CPU = 1
-
-
-class _CapsuleHolder:
-    """Adapts a bare DLPack capsule to the ``__dlpack__`` protocol ``np.from_dlpack`` expects."""
-
-    def __init__(self, capsule: object) -> None:
-        self._capsule = capsule
-
-    def __dlpack__(self, **_kwargs: Any) -> object:
-        return self._capsule
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (_KDL_CPU, 0)
-
-
-class Tensor:
-    """A named tensor in CPU memory, backed by a numpy array (never copied when wrapped)."""
-
-    __slots__ = ("_name", "_array", "_datatype")
-
-    def __init__(self, name: str, np_array: Any) -> None:
-        """Raises TritonModelException for a name that is not a str or an unsupported dtype."""
-        if not isinstance(name, str):
-            raise TritonModelException(f"tensor name must be a str, got {type(name).__name__}")
-        array = np_array if isinstance(np_array, np.ndarray) else np.asarray(np_array)
-        try:
-            datatype = datatypes.datatype_of(array)
-        except ValueError:
-            raise TritonModelException(f"tensor '{name}': unsupported numpy dtype {array.dtype}") from None
-        if array.dtype.byteorder == ">":
-            array = array.astype(array.dtype.newbyteorder("<"))
-        if array.ndim and not array.flags.c_contiguous:
-            array = np.ascontiguousarray(array)
-        self._name = name
-        self._array = array
-        self._datatype = datatype
-
-    @classmethod
-    def _wrap(cls, name: str, array: np.ndarray, datatype: str) -> Tensor:
-        """A tensor over ``array`` as is (used for request inputs: no checks, no copy)."""
-        t = cls.__new__(cls)
-        t._name = name
-        t._array = array
-        t._datatype = datatype
-        return t
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> np.ndarray:
-        """The tensor's array (BYTES: object array of bytes; BF16: uint16 bit patterns)."""
-        return self._array
-
-    def triton_dtype(self) -> int:
-        """The ``TRITONSERVER_DataType`` number (e.g. 11 for FP32, 13 for BYTES)."""
-        return _API_TO_NUM[self._datatype]
-
-    def shape(self) -> list[int]:
-        return [int(d) for d in self._array.shape]
-
-    def is_cpu(self) -> bool:
-        return True
-
-    def to_dlpack(self) -> object:
-        """A DLPack capsule over the tensor's memory; raises TritonModelException for BYTES."""
-        return self.__dlpack__()
-
-    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> object:
-        """DLPack export; a read-only array is copied when the consumer cannot signal it."""
-        if self._datatype == "BYTES":
-            raise TritonModelException(
-                f"tensor '{self._name}': BYTES tensors cannot be exported through DLPack"
-            )
-        array = self._array
-        if not array.flags.writeable and kwargs.get("max_version") is None:
-            array = array.copy()
-        return array.__dlpack__(stream=stream, **kwargs)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (_KDL_CPU, 0)
-
-    @staticmethod
-    def from_dlpack(name: str, capsule: Any) -> Tensor:
-        """A tensor sharing memory with a DLPack capsule or an object with ``__dlpack__``.
-
-        Raises TritonModelException for device (GPU) memory or a dtype numpy cannot hold.
-        """
-        source = capsule if hasattr(capsule, "__dlpack__") else _CapsuleHolder(capsule)
-        if hasattr(source, "__dlpack_device__"):
-            device_type, _ = source.__dlpack_device__()
-            if int(device_type) != _KDL_CPU:
-                raise TritonModelException(
-                    f"tensor '{name}': DLPack device type {int(device_type)} is not supported; "
-                    "trident's python backend holds tensors in CPU memory (move it to the CPU first)"
-                )
-        try:
-            array = np.from_dlpack(source)  # type: ignore[arg-type]
-        except (BufferError, TypeError, ValueError, RuntimeError) as e:
-            raise TritonModelException(f"tensor '{name}': cannot import DLPack tensor: {e}") from e
-        return Tensor(name, array)
-
-    def __repr__(self) -> str:
-        return f"Tensor({self._name!r}, {self._datatype}, shape={self.shape()})"
-
-
 # ---- requests, responses ----
 
 
@@ -314,19 +216,90 @@ class InferenceTrace:
         return None
 
 
-_NO_SENDER = "the decoupled response sender (get_response_sender) is not available in trident yet"
-
-
 class InferenceResponseSender:
-    """The decoupled response sender's type; every method raises until trident provides one."""
+    """Sends a request's responses (decoupled models; non-decoupled models send exactly one).
+
+    Obtained from :meth:`InferenceRequest.get_response_sender`; callable from any thread.
+    """
+
+    def __init__(
+        self,
+        deliver: Callable[[InferenceResponse | None, bool], None],
+        is_cancelled: Callable[[], bool],
+        decoupled: bool,
+    ) -> None:
+        self._deliver = deliver
+        self._is_cancelled = is_cancelled
+        self._decoupled = decoupled
+        self._lock = threading.Lock()
+        self._closed = False
+        self._sent = 0
+        self._held: InferenceResponse | None = None
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        """Raises TritonModelException: the decoupled response sender is not available yet."""
-        raise TritonModelException(_NO_SENDER)
+        """Send ``response``; ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` marks the last one.
+
+        A flag-only final (``response=None``) is allowed. Raises TritonModelException after the
+        final response, for other flags, a missing response without the final flag, a response
+        that is not a ``pb_utils.InferenceResponse``, and (non-decoupled models) a second
+        response or a final flag before any response.
+        """
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if response is None and flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}"
+            )
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        with self._lock:
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            if not self._decoupled:
+                if response is not None and (self._sent or self._held is not None):
+                    raise TritonModelException("Non-decoupled model cannot send more than one response.")
+                if not final:  # held until the final flag: the one response must be the final one
+                    self._held = response
+                    return
+                if response is None:
+                    if self._held is None:
+                        raise TritonModelException(
+                            "Non-decoupled model cannot send complete final before sending a response."
+                        )
+                    response, self._held = self._held, None
+            if final:
+                self._closed = True
+            self._sent += 1
+            self._deliver(response, final)
 
     def is_cancelled(self) -> bool:
-        """Raises TritonModelException: the decoupled response sender is not available yet."""
-        raise TritonModelException(_NO_SENDER)
+        """True once the request was cancelled (client gone, stream closed, deadline passed)."""
+        return bool(self._is_cancelled())
+
+
+class ResponseIterator:
+    """The responses of a decoupled BLS request (``exec(decoupled=True)``), in order.
+
+    The last one carries the final flag; it may be empty (a flag-only final response).
+    """
+
+    def __init__(self, stream: Iterator[InferenceResponse]) -> None:
+        self._stream = stream
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        return next(self._stream)
+
+    def cancel(self) -> None:
+        """Cancel the BLS request: the callee sees is_cancelled(); the iteration then ends."""
+        cancel = getattr(self._stream, "cancel", None)
+        if cancel is not None:
+            cancel()
 
 
 class InferenceRequest:
@@ -365,6 +338,8 @@ class InferenceRequest:
         self._parameters = _params_json(parameters, "request")
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._source: Any = None  # the trident InferenceRequest this wraps, if any
+        self._sender: InferenceResponseSender | None = None
+        self._sender_factory: Callable[[], InferenceResponseSender] | None = None
 
     @classmethod
     def _wrap(
@@ -391,6 +366,8 @@ class InferenceRequest:
         r._parameters = parameters_json
         r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         r._source = source
+        r._sender = None
+        r._sender_factory = None
         return r
 
     def inputs(self) -> list[Tensor]:
@@ -432,16 +409,59 @@ class InferenceRequest:
         self._release_flags = int(flags)
 
     def get_response_sender(self) -> InferenceResponseSender:
-        """Raises TritonModelException: the decoupled response sender is not available yet."""
-        raise TritonModelException(_NO_SENDER)
+        """The request's response sender (the same object on every call).
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Raises TritonModelException: BLS is not available yet."""
-        raise TritonModelException("BLS (InferenceRequest.exec) is not available in trident yet")
+        Raises TritonModelException for a request the model built itself (a BLS request).
+        """
+        if self._sender is None:
+            if self._sender_factory is None:
+                raise TritonModelException(
+                    "get_response_sender() is only available on requests passed to execute()"
+                )
+            self._sender = self._sender_factory()
+        return self._sender
+
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on ``model_name`` through the server (BLS) and wait.
+
+        Returns the callee's InferenceResponse (its failure as ``has_error()``), or with
+        ``decoupled=True`` a :class:`ResponseIterator` over its responses. Raises
+        TritonModelException outside a model loaded by trident or without a model name.
+        """
+        return self._exec_with(_require_runtime("BLS (InferenceRequest.exec)"), self._parents(), decoupled)
 
     def async_exec(self, decoupled: bool = False) -> Any:
-        """Raises TritonModelException: BLS is not available yet."""
-        raise TritonModelException("BLS (InferenceRequest.async_exec) is not available in trident yet")
+        """``exec`` as an awaitable for ``async def execute`` (runs in the loop's executor).
+
+        Raises TritonModelException (when awaited) as :meth:`exec` does.
+        """
+        runtime = _current_runtime()
+        parents = self._parents()
+
+        async def run() -> Any:
+            if runtime is None:
+                raise TritonModelException(
+                    "BLS (InferenceRequest.async_exec) is only available to models loaded by a trident server"
+                )
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(None, self._exec_with, runtime, parents, decoupled)
+
+        return run()
+
+    @staticmethod
+    def _parents() -> list[Any]:
+        return list(getattr(_tls, "parents", ()) or ())
+
+    def _exec_with(self, runtime: _Runtime, parents: list[Any], decoupled: bool) -> Any:
+        if not self._model_name:
+            raise TritonModelException("BLS request must specify a model_name")
+        stream = runtime.bls(self, bool(decoupled), parents)
+        if decoupled:
+            return ResponseIterator(stream)
+        try:
+            return next(stream)
+        except StopIteration:  # pragma: no cover - a runtime always yields one response
+            raise TritonModelException(f"BLS request to '{self._model_name}' produced no response") from None
 
 
 class InferenceResponse:
@@ -561,30 +581,27 @@ class Logger:
         _model_logger.debug(message, stacklevel=2)
 
 
-# ---- features that need the server (later issues) ----
-
-
-class MetricFamily:
-    """Custom metrics; raises TritonModelException until trident exposes them to models."""
-
-    COUNTER = 0
-    GAUGE = 1
-    HISTOGRAM = 2
-
-    def __init__(self, name: str, description: str, kind: int) -> None:
-        raise TritonModelException(f"custom metrics (MetricFamily '{name}') are not available in trident yet")
+# ---- model management (explicit model control mode) ----
 
 
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
-    """Raises TritonModelException: model management from models is not available yet."""
-    raise TritonModelException(f"load_model('{model_name}') from a model is not available in trident yet")
+    """Load or reload ``model_name`` (explicit mode); ``config`` is a JSON model config and
+    ``files`` maps ``<version>/<name>`` to file contents (needs ``config``).
+
+    Raises TritonModelException with the server's reason when the load fails or the server is
+    not in explicit mode. Never call it for the calling model itself (that deadlocks).
+    """
+    _require_runtime("load_model").load_model(model_name, config, files)
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    """Raises TritonModelException: model management from models is not available yet."""
-    raise TritonModelException(f"unload_model('{model_name}') from a model is not available in trident yet")
+    """Unload ``model_name`` (explicit mode) and wait until it is unloaded.
+
+    Raises TritonModelException with the server's reason.
+    """
+    _require_runtime("unload_model").unload_model(model_name, unload_dependents)
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    """Raises TritonModelException: model management from models is not available yet."""
-    raise TritonModelException(f"is_model_ready('{model_name}') from a model is not available in trident yet")
+    """Whether ``model_name`` (a version of it when ``model_version`` is given) is ready."""
+    return _require_runtime("is_model_ready").is_model_ready(model_name, str(model_version))

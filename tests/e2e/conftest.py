@@ -1,7 +1,9 @@
 """End-to-end harness: the real ``trident serve`` in a subprocess on free ports.
 
 ``start_server(*flags, repo=...)`` starts ``python -m trident serve`` with ports 0 on 127.0.0.1
-and reads the bound ports from the "Started ... at host:port" log lines. Fixtures:
+and reads the bound ports from the "Started ... at host:port" log lines. The environment variable
+``TRIDENT_E2E_HTTP_SERVER=hypercorn|trident`` adds ``--http-server`` to every server started
+without one (run the HTTP suites against either serving layer). Fixtures:
 ``example_server`` (session: the bundled example repository), ``server_factory`` (per test,
 stopped afterwards), ``repo_factory`` (copies of test model folders in tmp_path).
 """
@@ -80,6 +82,9 @@ def start_server(*flags: str, repo: Path | str | None = None, timeout: float = 6
     if repo is not None:
         cmd += ["--model-repository", str(repo)]
     cmd += list(flags)
+    http_server = os.environ.get("TRIDENT_E2E_HTTP_SERVER")
+    if http_server and not any(f.startswith("--http-server") for f in flags):
+        cmd += ["--http-server", http_server]
     if expect is None:
         expect = tuple(
             name for name, flag in (("HTTPService", "--allow-http"), ("GRPCInferenceService", "--allow-grpc"),

@@ -125,7 +125,7 @@ class InferenceService:
 
     async def model_ready(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = _parse(pb.ModelReadyRequest, data)
-        return _reply(pb.ModelReadyResponse(ready=self.server.model_ready(request.name, request.version)))
+        return _reply(pb.ModelReadyResponse(ready=await self.server.probe_model_ready(request.name, request.version)))
 
     async def health_check(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         _parse(health.HealthCheckRequest, data)
@@ -241,7 +241,7 @@ class InferenceService:
     async def model_infer(self, call: Call, data: bytearray) -> tuple[list[Any], int]:
         """ModelInfer. Raises TritonError (decoupled models: UNSUPPORTED -> UNIMPLEMENTED)."""
         request = self._request(call, data)
-        response = await self.server.infer(request)
+        response = await self.server.infer(request, endpoint="ModelInfer RPC")
         call.compress_responses = True
         return grpc_codec.encode_model_infer_response(response)
 

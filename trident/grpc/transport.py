@@ -34,7 +34,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 import trio
-from hyperframe.frame import GoAwayFrame
+from hyperframe.frame import DataFrame, GoAwayFrame
 
 from trident.errors import (
     GRPC_DEADLINE_EXCEEDED,
@@ -48,6 +48,16 @@ from trident.protocol import grpc_framing as framing
 from trident.protocol.grpc_framing import FramingError
 
 log = logging.getLogger("trident.grpc")
+
+
+def _data_frame_repr(frame: DataFrame) -> str:
+    return f"data=<{len(frame.data)} bytes>"
+
+
+# h2 logs repr(frame) for every frame it receives, eagerly, whatever the logger; hyperframe's
+# DATA frame repr serializes and hex-encodes the whole payload to show 10 bytes of it, which cost
+# ~15% of the server's CPU with 1 MiB tensors. Only the repr changes.
+setattr(DataFrame, "_body_repr", _data_frame_repr)  # noqa: B010
 
 Parts = Sequence[Any]  # buffers: bytes, bytearray, memoryview or 1-D uint8 numpy arrays
 
@@ -112,7 +122,7 @@ class Call:
         self._unacked = 0
         self._wakeup: trio.Event | None = None
         self._headers_sent = False
-        self._send_lock = trio.Lock()
+        self._send_lock: trio.Lock | None = None  # created by the first send_message
 
     @property
     def metadata(self) -> list[tuple[str, str | bytes]]:
@@ -199,6 +209,13 @@ class Call:
         Raises FramingError(RESOURCE_EXHAUSTED) for a message over the size limit.
         Cancelled with the call (client reset, deadline, connection closed).
         """
+        if self._send_lock is None:
+            self._send_lock = trio.Lock()
+        async with self._send_lock:
+            await self._send(parts, size, flush)
+
+    async def _send(self, parts: Parts, size: int, flush: bool) -> None:
+        """Send one message; the caller makes sure no other send runs on this call."""
         framing.check_size(size, self.conn.config.max_message_size, "sent")
         compressed = bool(self.compress_responses and self.accepts_gzip and self.conn.config.compression_level)
         if compressed:
@@ -206,11 +223,10 @@ class Call:
             message = framing.frame([payload], len(payload), compressed=True)
         else:
             message = framing.frame(parts, size)
-        async with self._send_lock:
-            if not self._headers_sent:
-                self._headers_sent = True
-                self.conn._send_headers(self.stream_id, _response_headers(compressed))
-            await self.conn._send_data(self, message, flush)
+        if not self._headers_sent:
+            self._headers_sent = True
+            self.conn._send_headers(self.stream_id, _response_headers(compressed))
+        await self.conn._send_data(self, message, flush)
 
     def _trailers(self, status: int, message: str) -> list[tuple[bytes, bytes]]:
         trailers = [] if self._headers_sent else _response_headers(False)
@@ -449,7 +465,7 @@ class Connection:
                 else:
                     request = await call.recv_unary()
                     parts, size = await method.handler(call, request)
-                    await call.send_message(parts, size, flush=False)
+                    await call._send(parts, size, flush=False)  # flushed with the trailers
         except Exception as e:
             return _status_of(e, call.path)
         if scope.cancelled_caught:

@@ -11,7 +11,8 @@ Triton's HTTP API (reference §1) over the :class:`~trident.server.Server` facad
   and while a chunked body streams in.
 * A client that disconnects during ``/infer`` cancels its request: the inference runs in a
   nursery next to a task that waits for ``http.disconnect``.
-* Shared memory and generate/generate_stream answer 501 until they are implemented.
+* generate / generate_stream are served by :mod:`trident.http.generate` (server-sent events).
+* Shared memory answers 501 until it is implemented.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import trio
 
 from trident.config import config_to_json
 from trident.errors import Code, TritonError, http_status, invalid_arg, unsupported
+from trident.http import generate
 from trident.protocol import kserve
 from trident.types import InferenceRequest, InferenceResponse
 
@@ -67,7 +69,6 @@ class _HTTPError(Exception):
 _NOT_FOUND = _HTTPError(404, "Not Found")
 _NOT_ALLOWED = _HTTPError(405, "Method Not Allowed")
 _SHM_MESSAGE = "shared memory extension is not supported yet"
-_GENERATE_MESSAGE = "the generate and generate_stream extensions are not supported yet"
 
 
 # ---- ASGI plumbing ------------------------------------------------------------------------------
@@ -257,7 +258,7 @@ def make_app(server: Server) -> ASGIApp:
         elif kind == "ready":
             if method != "GET":
                 raise _NOT_ALLOWED
-            if server.model_ready(name, version):
+            if await server.probe_model_ready(name, version):
                 await _send_empty(send, 200)
             else:
                 await _send_error(send, 400, "Model version not ready")
@@ -275,10 +276,14 @@ def make_app(server: Server) -> ASGIApp:
             if version:  # Triton has no versioned trace settings: the path falls through to 404
                 raise _NOT_FOUND
             await trace(scope, receive, send, method, name)
-        else:  # generate, generate_stream
+        else:  # generate, generate_stream (trident.http.generate)
             if method != "POST":
                 raise _NOT_ALLOWED
-            raise unsupported(_GENERATE_MESSAGE)
+            for key, value in scope["headers"]:
+                if key == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+                    raise invalid_arg("Unsupported content-encoding, only 'identity' is supported.")
+            body = await _read_body(scope, receive, limit)
+            await generate.handle(server, receive, send, name, version, body, streaming=kind == "generate_stream")
 
     async def trace(scope: Scope, receive: Receive, send: Send, method: str, model: str) -> None:
         if method == "GET":

@@ -280,9 +280,16 @@ def test_bad_execute_returns_fail_the_batch(tmp_path: Path) -> None:
             TritonError, match="InferenceRequest\\(s\\) size is:2, and InferenceResponse\\(s\\) size is:1"
         ):
             inst.execute(reqs)
-        inst._model.mode = "none"
-        with pytest.raises(TritonError, match="Expected a list in the execute return"):
+        inst._model.mode = "none"  # None: the model must have answered through the response sender
+        missing = inst.execute(reqs)
+        assert missing is not None and all(
+            r.error is not None and "no final response was sent" in r.error.message for r in missing
+        )
+        inst._model.mode = "dict"
+        inst._model.execute = lambda requests: {"not": "a list"}
+        with pytest.raises(TritonError, match="Expected a list in the execute return, got dict"):
             inst.execute(reqs)
+        del inst._model.execute
         inst._model.mode = "junk"
         with pytest.raises(TritonError, match="pb_utils.InferenceResponse objects, got str") as info:
             inst.execute(reqs)
@@ -602,9 +609,15 @@ def test_load_failures_are_clear(tmp_path: Path) -> None:
     assert not [n for n in set(sys.modules) - before if n.startswith("_trident_python_model_")]
     decoupled = _write(tmp_path, "dec", ADD_SUB)
     cfg = _config("dec", model_transaction_policy=ModelTransactionPolicy(decoupled=True))
-    with pytest.raises(TritonError, match="decoupled") as info:
-        backend.load_instance(_ctx(decoupled, cfg))
-    assert info.value.code == Code.UNSUPPORTED
+    with pytest.raises(TritonError, match="must return None") as info:  # decoupled models load
+        backend.load_instance(_ctx(decoupled, cfg)).execute([_request("dec", INPUT0=np.zeros(4, np.float32),
+                                                                       INPUT1=np.zeros(4, np.float32))])
+    assert info.value.code == Code.INTERNAL
+    bad_mode = _write(tmp_path, "badmode", ADD_SUB)
+    cfg = _config("badmode", parameters={"TRIDENT_EXECUTION_MODE": ModelParameter(string_value="fork")})
+    with pytest.raises(TritonError, match="TRIDENT_EXECUTION_MODE must be 'thread' or 'process'") as info:
+        backend.load_instance(_ctx(bad_mode, cfg))
+    assert info.value.code == Code.INVALID_ARG
     env = _write(tmp_path, "env", ADD_SUB)
     cfg = _config("env", parameters={"EXECUTION_ENV_PATH": ModelParameter(string_value="/x.tar.gz")})
     with pytest.raises(TritonError, match="EXECUTION_ENV_PATH") as info:
@@ -811,9 +824,9 @@ def test_errors_responses_and_requests() -> None:
         and req.parameters() == '{"k": "v"}'
     )
     assert not req.is_cancelled()
-    with pytest.raises(pb_utils.TritonModelException, match="BLS"):
+    with pytest.raises(pb_utils.TritonModelException, match="BLS .* only available to models loaded by a trident"):
         req.exec()
-    with pytest.raises(pb_utils.TritonModelException, match="response sender"):
+    with pytest.raises(pb_utils.TritonModelException, match="only available on requests passed to execute"):
         req.get_response_sender()
     with pytest.raises(pb_utils.TritonModelException, match="Correlation ID"):
         pb_utils.InferenceRequest(model_name="m", correlation_id=1.5)  # type: ignore[arg-type]

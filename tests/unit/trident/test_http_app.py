@@ -468,8 +468,6 @@ async def test_unsupported_and_unknown_routes(client: ASGIDriver) -> None:
         ("GET", "/v2/systemsharedmemory/status"),
         ("POST", "/v2/systemsharedmemory/region/r/register"),
         ("POST", "/v2/cudasharedmemory/unregister"),
-        ("POST", "/v2/models/add_sub/generate"),
-        ("POST", "/v2/models/add_sub/versions/1/generate_stream"),
     ):
         reply = await client.request(method, path)
         assert reply.status == 501, path

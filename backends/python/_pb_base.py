@@ -1,0 +1,110 @@
+"""The server side of ``pb_utils`` as model code reaches it: the runtime and how it is found.
+
+A :class:`_Runtime` is what BLS, model management and custom metrics talk to: the in-process
+one (:mod:`trident.backends.python._runtime`) or the model-process one
+(:mod:`trident.backends.python.isolated.child`). :func:`_current_runtime` finds it through the
+calling thread (:class:`_Context`, set while model methods run), then through the model module
+on the call stack (threads the model starts itself), then the process default.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trident.backends.python.pb_utils import InferenceRequest, InferenceResponse
+
+
+class TritonModelException(Exception):
+    """The exception model code raises (and that pb_utils raises) to fail a call."""
+
+
+
+class _Runtime:
+    """What pb_utils asks of the server that loaded the model (see the module docstring)."""
+
+    def bls(self, request: InferenceRequest, decoupled: bool, parents: Sequence[Any]) -> Iterator[InferenceResponse]:
+        """Start a BLS request; iterate the callee's responses (errors as error responses).
+
+        ``decoupled=False`` yields exactly one response. ``parents`` are the requests whose
+        cancellation cancels this one. The iterator may have a ``cancel()`` method.
+        """
+        raise NotImplementedError
+
+    def load_model(self, model_name: str, config: str, files: dict[str, bytes] | None) -> None:
+        raise NotImplementedError
+
+    def unload_model(self, model_name: str, unload_dependents: bool) -> None:
+        raise NotImplementedError
+
+    def is_model_ready(self, model_name: str, model_version: str) -> bool:
+        raise NotImplementedError
+
+    def metrics(self) -> Any:
+        """The custom-metrics registry (``acquire_family`` / ``release_family``)."""
+        raise NotImplementedError
+
+
+MODEL_PACKAGE_PREFIX = "_trident_python_model_"  # the packages model files are imported under
+_tls = threading.local()
+_package_runtimes: dict[str, _Runtime] = {}
+_default_runtime: _Runtime | None = None
+
+
+def _set_default_runtime(runtime: _Runtime | None) -> None:
+    global _default_runtime
+    _default_runtime = runtime
+
+
+def _bind_package(package: str, runtime: _Runtime | None) -> None:
+    """Let threads a model starts itself find ``runtime`` through the model's package."""
+    if runtime is None:
+        _package_runtimes.pop(package, None)
+    else:
+        _package_runtimes[package] = runtime
+
+
+class _Context:
+    """While active in a thread: the runtime and the requests being executed (BLS parents)."""
+
+    __slots__ = ("runtime", "parents", "_saved")
+
+    def __init__(self, runtime: _Runtime | None, parents: Sequence[Any] = ()) -> None:
+        self.runtime = runtime
+        self.parents = list(parents)
+        self._saved: tuple[Any, Any] = (None, ())
+
+    def __enter__(self) -> _Context:
+        self._saved = (getattr(_tls, "runtime", None), getattr(_tls, "parents", ()))
+        _tls.runtime = self.runtime
+        _tls.parents = self.parents
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _tls.runtime, _tls.parents = self._saved
+
+
+def _current_runtime() -> _Runtime | None:
+    runtime = getattr(_tls, "runtime", None)
+    if runtime is not None:
+        return runtime
+    if _package_runtimes:
+        frame = sys._getframe(1)
+        while frame is not None:
+            name = frame.f_globals.get("__name__", "")
+            if isinstance(name, str) and name.startswith(MODEL_PACKAGE_PREFIX):
+                found = _package_runtimes.get(name.split(".", 1)[0])
+                if found is not None:
+                    return found
+            frame = frame.f_back  # type: ignore[assignment]
+    return _default_runtime
+
+
+def _require_runtime(what: str) -> _Runtime:
+    runtime = _current_runtime()
+    if runtime is None:
+        raise TritonModelException(f"{what} is only available to models loaded by a trident server")
+    return runtime

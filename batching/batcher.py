@@ -1,0 +1,238 @@
+"""The dynamic batcher: the trio task that turns a model version's queue into batches.
+
+One :class:`DynamicScheduler` per model version runs in the version's nursery: a batcher task
+and one worker task per instance. The batcher applies the queue policies
+(:mod:`trident.batching.policy`) and the batch-forming rules (:func:`form_batch`) whenever a
+request arrives, an instance becomes idle or a delay/timeout elapses, and hands each batch to
+an idle instance's worker. A worker holds its instance's rate-limiter resources (when
+``--rate-limit`` is on) while it executes. Without ``dynamic_batching`` the same scheduler
+runs each request alone (Triton's default scheduler).
+
+``preserve_ordering``: each request gets a :class:`Turn` when it leaves the queue; its waiter
+delivers responses only after every request that left the queue before it has finished, so
+responses come back in order even with several instances.
+
+Instances can be added and retired while running (an instance-count change without reload):
+a retired instance finishes its current batch first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import trio
+
+from trident.batching.dynamic import BatchRules, form_batch
+from trident.batching.policy import (
+    TIMEOUT_EXPIRED,
+    Entry,
+    Priorities,
+    PriorityQueue,
+    request_priority,
+    request_timeout_us,
+)
+from trident.batching.scheduler import ExecuteBatch, Schedulable, Scheduler
+from trident.errors import TritonError, unavailable
+from trident.types import InferenceResponse
+
+
+class Turn:
+    """A request's place in the response order (``preserve_ordering``)."""
+
+    __slots__ = ("_before", "_done")
+
+    def __init__(self, before: trio.Event | None) -> None:
+        self._before = before
+        self._done = trio.Event()
+
+    async def wait(self) -> None:
+        """Wait until every earlier request has finished. Cancellation: just stops waiting."""
+        if self._before is not None:
+            await self._before.wait()
+
+    def finish(self) -> None:
+        """This request is done (idempotent); the next one may deliver."""
+        self._done.set()
+
+
+class Sequencer:
+    """Hands out :class:`Turn` objects in dequeue order."""
+
+    def __init__(self) -> None:
+        self._last: trio.Event | None = None
+
+    def next(self) -> Turn:
+        turn = Turn(self._last)
+        self._last = turn._done
+        return turn
+
+
+def reject(item: Any, error: TritonError) -> None:
+    """Answer a queued request with ``error`` through its responder (the default on_reject)."""
+    item.request.responder.send(InferenceResponse(error=error), final=True)
+
+
+class _Worker:
+    __slots__ = ("instance", "send", "receive", "retiring", "done")
+
+    def __init__(self, instance: Any) -> None:
+        self.instance = instance
+        self.send, self.receive = trio.open_memory_channel[list[Any] | None](1)
+        self.retiring = False
+        self.done = trio.Event()
+
+
+class DynamicScheduler(Scheduler):
+    """Triton's dynamic batch scheduler (and, with batching off, its default scheduler)."""
+
+    supports_instance_update = True
+
+    def __init__(self, rules: BatchRules, priorities: Priorities, on_drop: Callable[[Any], None], *,
+                 key: Callable[[Any], Hashable] | None = None, preserve_ordering: bool = False,
+                 rate_limiter: Any = None, on_reject: Callable[[Any, TritonError], None] = reject) -> None:
+        super().__init__(on_drop)
+        self.rules = rules
+        self.priorities = priorities
+        self._queue = PriorityQueue(priorities)
+        self._key = key
+        self._sequencer = Sequencer() if preserve_ordering else None
+        self._rate_limiter = rate_limiter
+        self._on_reject = on_reject
+        self._idle: deque[_Worker] = deque()
+        self._workers: dict[int, _Worker] = {}
+        self._wakeup = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._execute: ExecuteBatch | None = None
+        self._pending_starts: list[_Worker] = []
+
+    # ---- front door -----------------------------------------------------------------------
+
+    def enqueue(self, item: Schedulable) -> None:
+        """Queue ``item`` at its priority level with its timeout. Never waits.
+
+        Raises TritonError UNAVAILABLE "Exceeds maximum queue size" when its level is full.
+        """
+        now = trio.current_time()
+        parameters = item.request.parameters
+        level = self.priorities.level_of(request_priority(parameters))
+        policy = self.priorities.policy_of(level)
+        timeout_us = policy.timeout_us(request_timeout_us(parameters))
+        deadline = now + timeout_us / 1_000_000 if timeout_us else None
+        key = self._key(item.request) if self._key is not None else None
+        entry = Entry(item, level, now, deadline, key, item.batch_size)
+        if policy.max_queue_size and self._queue.level_size(level) >= policy.max_queue_size:
+            self._queue.remove_cancelled(self._drop)
+        self._queue.push(entry)
+        self._wakeup.set()
+
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def next_turn(self) -> Turn | None:
+        """A turn in the response order for a request answered without queueing (cache hit)."""
+        return self._sequencer.next() if self._sequencer is not None else None
+
+    def _drop(self, entry: Entry) -> None:
+        self.on_drop(entry.item)
+
+    # ---- instances ------------------------------------------------------------------------
+
+    async def run(self, instances: Sequence[Any], execute: ExecuteBatch) -> None:
+        """Batch and execute until cancelled (by the model version's nursery)."""
+        self._execute = execute
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for instance in instances:
+                self.add_instance(instance)
+            for worker in self._pending_starts:
+                nursery.start_soon(self._work, worker)
+            self._pending_starts.clear()
+            await self._batch_forever()
+
+    def add_instance(self, instance: Any) -> None:
+        """Start serving batches on ``instance``."""
+        worker = _Worker(instance)
+        self._workers[id(instance)] = worker
+        if self._nursery is None:
+            self._pending_starts.append(worker)
+        else:
+            self._nursery.start_soon(self._work, worker)
+
+    async def remove_instance(self, instance: Any) -> None:
+        """Stop giving ``instance`` batches; return once its current batch (if any) is done."""
+        worker = self._workers.pop(id(instance), None)
+        if worker is None:
+            return
+        worker.retiring = True
+        if worker in self._idle:
+            self._idle.remove(worker)
+            worker.send.send_nowait(None)
+        if self._nursery is None:
+            self._pending_starts.remove(worker)
+            return
+        await worker.done.wait()
+
+    def instances(self) -> list[Any]:
+        return [w.instance for w in self._workers.values()]
+
+    async def _work(self, worker: _Worker) -> None:
+        assert self._execute is not None
+        try:
+            self._idle.append(worker)
+            self._wakeup.set()
+            batch = await worker.receive.receive()
+            while batch is not None:
+                if self._rate_limiter is not None:
+                    async with self._rate_limiter.acquire(worker.instance):
+                        await self._execute(worker.instance, batch)
+                else:
+                    await self._execute(worker.instance, batch)
+                if worker.retiring:
+                    break
+                # look for the next batch right away, without a round trip through the batcher task
+                self._idle.append(worker)
+                self.step(trio.current_time())
+                self._wakeup.set()
+                try:
+                    batch = worker.receive.receive_nowait()
+                except trio.WouldBlock:
+                    batch = await worker.receive.receive()
+        finally:
+            if worker in self._idle:
+                self._idle.remove(worker)
+            worker.done.set()
+
+    # ---- batching -------------------------------------------------------------------------
+
+    async def _batch_forever(self) -> None:
+        while True:
+            self._wakeup = trio.Event()
+            wake_at = self.step(trio.current_time())
+            with trio.move_on_at(wake_at):
+                await self._wakeup.wait()
+
+    def step(self, now: float) -> float:
+        """Reject expired requests and hand batches to idle instances; return when to look again."""
+        for entry in self._queue.expire(now):
+            if entry.cancelled:
+                self._drop(entry)  # nobody is waiting for an answer
+            else:
+                self._on_reject(entry.item, unavailable(TIMEOUT_EXPIRED))
+        wake_at = math.inf
+        limit = self.rules.limit
+        while self._idle and len(self._queue):
+            candidates = self._queue.candidates(limit, self._drop)
+            decision = form_batch(candidates, self.rules, now)
+            if decision.take == 0:
+                if decision.wait is not None:
+                    wake_at = now + decision.wait
+                break
+            items = [e.item for e in self._queue.pop(decision.take)]
+            if self._sequencer is not None:
+                for item in items:
+                    item.turn = self._sequencer.next()
+            self._idle.popleft().send.send_nowait(items)
+        return min(wake_at, self._queue.next_deadline())

@@ -1,0 +1,282 @@
+"""The sequence batcher: stateful models, every request of a sequence on one instance.
+
+:class:`SequenceScheduler` is the trio side of :mod:`.sequence_rules`. A request names its
+sequence with the ``sequence_id`` parameter (non-zero integer or non-empty string) and flags
+its first and last requests with ``sequence_start`` / ``sequence_end``. :meth:`enqueue`
+checks them (INVALID_ARG with Triton's messages) and queues the request on its sequence; one
+worker task per instance forms batches of its bound sequences; a reaper task frees the slots
+of idle sequences.
+
+Before a batch runs, each request gets the configured control tensors (START, END, READY,
+CORRID) and the sequence's implicit state as extra inputs (:mod:`.state`); the instance is
+wrapped so that state outputs are kept by the server and stripped from the responses.
+
+Idle timeout: the slot is freed, the state forgotten, a line logged, and, when the model
+instance defines it (the Python backend forwards it to ``TritonPythonModel``),
+``sequence_idle_timeout(correlation_id)`` is called on the instance's thread — Triton tells
+the model nothing (its issue 6846). The next request of that sequence needs START again.
+
+Cancellation: a cancelled request reaching the front of its sequence is dropped, and the
+sequence's other queued requests are answered CANCELLED and the sequence is released (as
+Triton cancels a sequence's pending requests).
+
+Not done here: the rate limiter (``--rate-limit``) does not gate sequence batches; decoupled
+models get control tensors but no implicit state; instance counts cannot change in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from trident.batching.scheduler import ExecuteBatch, Schedulable, Scheduler
+from trident.batching.sequence_rules import (
+    Sequence,
+    SequenceRules,
+    choose_batch,
+    free_slot,
+    idle_expired,
+    next_idle_deadline,
+)
+from trident.batching.state import (
+    CORRID,
+    END,
+    READY,
+    START,
+    SequenceState,
+    control_tensor,
+    controls_of,
+    states_of,
+)
+from trident.errors import Code, TritonError, invalid_arg
+from trident.protocol.generated.inference import ModelConfig
+from trident.types import InferenceRequest, InferenceResponse, RequestedOutput
+
+log = logging.getLogger("trident.sequence")
+
+
+def sequence_key(request: InferenceRequest) -> int | str | None:
+    """The request's correlation id (None when it has none: 0, "" or missing)."""
+    sid = request.parameters.get("sequence_id", 0)
+    if isinstance(sid, bool) or not isinstance(sid, (int, str)) or sid in (0, ""):
+        return None
+    return sid
+
+
+class _SequenceInstance:
+    """An instance seen through the sequence batcher: keeps state outputs, restores requests."""
+
+    def __init__(self, inner: Any, state: SequenceState) -> None:
+        self.inner = inner
+        self.state = state
+        #: id(request) -> (number of client inputs, client's requested outputs)
+        self.originals: dict[int, tuple[int, list[RequestedOutput]]] = {}
+
+    def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse] | None:
+        try:
+            responses = self.inner.execute(requests)
+        finally:
+            for r in requests:
+                n, outputs = self.originals.pop(id(r), (len(r.inputs), r.outputs))
+                del r.inputs[n:]
+                r.outputs = outputs
+        if responses is not None and self.state.specs:
+            for r, response in zip(requests, responses, strict=False):
+                if response.error is None:
+                    response.outputs = self.state.capture(sequence_key(r), response.outputs)
+        return responses
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class SequenceScheduler(Scheduler):
+    """Direct and oldest sequence batching for one model version (see module docstring)."""
+
+    def __init__(self, config: ModelConfig, on_drop: Callable[[Any], None], *, model_dir: Path | None = None) -> None:
+        super().__init__(on_drop)
+        self.model_name = config.name
+        self.rules = SequenceRules.from_config(config)
+        self.batching = config.max_batch_size > 0
+        self.controls = controls_of(config)
+        self._numeric_corrid = next((c.datatype for c in self.controls if c.kind == CORRID and c.datatype != "BYTES"),
+                                    "")
+        self.state = SequenceState(states_of(config, model_dir), self.batching)
+        self.sequences: dict[int | str, Sequence] = {}
+        self.backlog: deque[Sequence] = deque()
+        self.rows: list[list[Sequence | None]] = []
+        self._queued = 0
+        self._changed = trio.Event()
+        self._locks: list[trio.Lock] = []
+        self._wrapped: list[_SequenceInstance] = []
+
+    # ---- front door ------------------------------------------------------------------------
+
+    def enqueue(self, item: Schedulable) -> None:
+        """Queue ``item`` on its sequence.
+
+        Raises TritonError(INVALID_ARG) without a correlation id, or when the first request of
+        a sequence (or the first after its END or idle timeout) lacks the START flag.
+        """
+        request = item.request
+        sid = sequence_key(request)
+        if sid is None:
+            raise invalid_arg(f"inference request to model '{self.model_name}' must specify a non-zero or "
+                              "non-empty correlation ID")
+        if isinstance(sid, str) and self._numeric_corrid:
+            raise invalid_arg(f"inference request to model '{self.model_name}' has string correlation ID "
+                              f"'{sid}' but the model's CORRID control input is {self._numeric_corrid}")
+        if isinstance(sid, int) and not 0 < sid < 2**64:
+            raise invalid_arg(f"correlation ID {sid} of a request to model '{self.model_name}' is not a uint64")
+        start = bool(request.parameters.get("sequence_start"))
+        end = bool(request.parameters.get("sequence_end"))
+        seq = self.sequences.get(sid)
+        if not start and (seq is None or seq.ended):
+            raise invalid_arg(f"inference request for sequence {sid} to model '{self.model_name}' must specify "
+                              "the START flag on the first request of the sequence")
+        now = trio.current_time()
+        if seq is None:
+            seq = self.sequences[sid] = Sequence(sid, last=now)
+            self.backlog.append(seq)
+        seq.ended = end
+        seq.queue.append((now, item))
+        seq.last = now
+        self._queued += 1
+        self._notify()
+
+    def queued(self) -> int:
+        return self._queued
+
+    # ---- tasks -----------------------------------------------------------------------------
+
+    async def run(self, instances: Seq[Any], execute: ExecuteBatch) -> None:
+        """Serve batches on ``instances`` and reap idle sequences until cancelled."""
+        self.rows = [[None] * self.rules.slots for _ in instances]
+        self._locks = [trio.Lock() for _ in instances]
+        self._wrapped = [_SequenceInstance(instance, self.state) for instance in instances]
+        async with trio.open_nursery() as nursery:
+            for i in range(len(instances)):
+                nursery.start_soon(self._worker, i, execute)
+            nursery.start_soon(self._reaper)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _assign(self) -> None:
+        while self.backlog:
+            place = free_slot(self.rows)
+            if place is None:
+                return
+            seq = self.backlog.popleft()
+            seq.instance, seq.slot = place
+            self.rows[place[0]][place[1]] = seq
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.id in self.sequences and self.sequences[seq.id] is seq:
+            del self.sequences[seq.id]
+        if seq.instance is not None and seq.slot is not None:
+            self.rows[seq.instance][seq.slot] = None
+        elif seq in self.backlog:
+            self.backlog.remove(seq)
+        seq.instance = seq.slot = None
+        self.state.drop(seq.id)
+        self._notify()
+
+    async def _worker(self, index: int, execute: ExecuteBatch) -> None:
+        row = self.rows[index]
+        while True:
+            self._assign()
+            changed = self._changed
+            slots, wait = choose_batch(row, self.rules, trio.current_time())
+            if not slots:
+                with trio.move_on_after(math.inf if wait is None else max(wait, 0.0)):
+                    await changed.wait()
+                continue
+            batch, members = self._form(row, slots, index)
+            if not batch:
+                continue
+            try:
+                async with self._locks[index]:
+                    await execute(self._wrapped[index], batch)
+            finally:
+                now = trio.current_time()
+                for seq, pending in members:
+                    seq.running = False
+                    seq.last = now
+                    if pending.request.parameters.get("sequence_end") and not seq.queue:
+                        self._release(seq)
+                self._notify()
+
+    def _form(self, row: list[Sequence | None], slots: list[int], index: int) -> tuple[list[Any], list[Any]]:
+        batch: list[Any] = []
+        members: list[tuple[Sequence, Any]] = []
+        wrapped = self._wrapped[index]
+        for slot in slots:
+            seq = row[slot]
+            assert seq is not None
+            _, pending = seq.queue.popleft()
+            self._queued -= 1
+            if pending.cancelled:
+                self._cancel_sequence(seq, pending)
+                continue
+            request: InferenceRequest = pending.request
+            start = bool(request.parameters.get("sequence_start"))
+            wrapped.originals[id(request)] = (len(request.inputs), list(request.outputs))
+            for control in self.controls:
+                value: object = seq.id if control.kind == CORRID else {
+                    START: start, END: bool(request.parameters.get("sequence_end")), READY: True}[control.kind]
+                request.inputs.append(control_tensor(control, value, self.batching))
+            if self.state.specs:
+                request.inputs.extend(self.state.tensors(seq.id, start))
+                if request.outputs:
+                    request.outputs = [*request.outputs, *(RequestedOutput(n) for n in self.state.output_names)]
+            seq.running = True
+            batch.append(pending)
+            members.append((seq, pending))
+        return batch, members
+
+    def _cancel_sequence(self, seq: Sequence, first: Any) -> None:
+        self.on_drop(first)
+        error = TritonError(Code.CANCELLED, f"sequence {seq.id} of model '{self.model_name}': a request of the "
+                                            "sequence was cancelled")
+        while seq.queue:
+            _, pending = seq.queue.popleft()
+            self._queued -= 1
+            pending.request.cancel()
+            if not pending.responder.complete:
+                pending.responder.send(InferenceResponse(error=error), final=True)
+        log.info("model '%s': sequence %s cancelled; its queued requests were cancelled", self.model_name, seq.id)
+        self._release(seq)
+
+    async def _reaper(self) -> None:
+        while True:
+            now = trio.current_time()
+            for seq in idle_expired(list(self.sequences.values()), now, self.rules.idle):
+                instance = seq.instance
+                log.warning("model '%s': sequence %s timed out after %.6g s idle; its slot is released",
+                            self.model_name, seq.id, self.rules.idle)
+                self._release(seq)
+                if instance is not None:
+                    await self._tell_idle(instance, seq.id)
+            changed = self._changed
+            deadline = next_idle_deadline(list(self.sequences.values()), self.rules.idle)
+            with trio.move_on_at(math.inf if deadline is None else deadline):
+                await changed.wait()
+
+    async def _tell_idle(self, index: int, correlation_id: int | str) -> None:
+        hook = getattr(self._wrapped[index].inner, "sequence_idle_timeout", None)
+        if hook is None:
+            return
+        async with self._locks[index]:
+            try:
+                await trio.to_thread.run_sync(hook, correlation_id)
+            except Exception:
+                log.exception("model '%s': sequence_idle_timeout(%r) failed", self.model_name, correlation_id)

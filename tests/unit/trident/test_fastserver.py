@@ -1,0 +1,459 @@
+"""trident.http.fastserver: the HTTP/1.1 serving layer, driven with raw sockets.
+
+Responses are read back with h11 (an independent parser); ASGI apps here are small recorders.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import h11
+import numpy as np
+import pytest
+import trio
+import tritonclient.http as httpclient
+
+from trident.http.fastserver import serve_asgi, serve_http_fast
+from trident.options import EXAMPLE_REPOSITORY, ServerOptions
+from trident.server import open_server
+
+
+class Recorder:
+    """An ASGI app that records scopes and received messages and echoes the body.
+
+    ``stream_parts`` > 1 sends the echo as that many body messages without content-length.
+    """
+
+    def __init__(self, stream_parts: int = 1) -> None:
+        self.scopes: list[dict[str, Any]] = []
+        self.messages: list[dict[str, Any]] = []
+        self.stream_parts = stream_parts
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.scopes.append(dict(scope))
+        body = b""
+        while True:
+            message = await receive()
+            self.messages.append(message)
+            body += message.get("body", b"")
+            if message["type"] == "http.disconnect" or not message.get("more_body"):
+                break
+        if self.stream_parts == 1:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", b"%d" % len(body))]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        step = max(1, len(body) // self.stream_parts)
+        for i in range(0, len(body), step):
+            await send({"type": "http.response.body", "body": body[i : i + step], "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+@asynccontextmanager
+async def serving(app: Any, **kwargs: Any) -> AsyncIterator[int]:
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda task_status: serve_asgi(app, host="127.0.0.1", port=0,
+                                                                  task_status=task_status, **kwargs))
+        yield port
+        nursery.cancel_scope.cancel()
+
+
+class Client:
+    """A raw TCP client reading responses with an h11 client state machine."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.conn = h11.Connection(h11.CLIENT)
+
+    @classmethod
+    async def connect(cls, port: int) -> Client:
+        return cls(await trio.open_tcp_stream("127.0.0.1", port))
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def response(self, method: str = "POST") -> tuple[h11.Response, bytes, list[h11.InformationalResponse]]:
+        """Read the next response (to a request already sent raw) with its body."""
+        if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
+            self.conn.start_next_cycle()
+        self.conn.send(h11.Request(method=method, target="/", headers=[("Host", "x")]))
+        self.conn.send(h11.EndOfMessage())
+        response: h11.Response | None = None
+        informational: list[h11.InformationalResponse] = []
+        body = b""
+        while True:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                self.conn.receive_data(await self.stream.receive_some(65536))
+            elif isinstance(event, h11.InformationalResponse):
+                informational.append(event)
+            elif isinstance(event, h11.Response):
+                response = event
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                assert response is not None
+                return response, body, informational
+            else:
+                raise AssertionError(f"unexpected {event!r}")
+
+    async def read_to_eof(self) -> bytes:
+        data = b""
+        while chunk := await self.stream.receive_some(65536):
+            data += chunk
+        return data
+
+
+def post(path: bytes, body: bytes, *extra: bytes) -> bytes:
+    head = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n" % (path, len(body))
+    return head + b"".join(e + b"\r\n" for e in extra) + b"\r\n" + body
+
+
+def headers_of(response: h11.Response) -> dict[bytes, bytes]:
+    return dict(response.headers)
+
+
+async def test_keep_alive_and_the_scope():
+    app = Recorder()
+    async with serving(app) as port:
+        client = await Client.connect(port)
+        await client.send(b"GET /v2/a%20b%2Fc?x=1&y=%20 HTTP/1.1\r\nHost: x\r\nX-Mixed-Case: V\r\n\r\n")
+        response, body, _ = await client.response("GET")
+        assert response.status_code == 200 and body == b""
+        await client.send(post(b"/second", b"payload"))
+        response, body, _ = await client.response()
+        assert body == b"payload"
+    first, second = app.scopes
+    assert first["type"] == "http" and first["asgi"]["version"] == "3.0"
+    assert (first["method"], first["path"], first["raw_path"], first["query_string"]) == (
+        "GET", "/v2/a b/c", b"/v2/a%20b%2Fc", b"x=1&y=%20")
+    assert (first["http_version"], first["scheme"], first["root_path"]) == ("1.1", "http", "")
+    assert (b"x-mixed-case", b"V") in first["headers"] and (b"host", b"x") in first["headers"]
+    assert first["client"][0] == "127.0.0.1" and first["server"] == ("127.0.0.1", port)
+    assert first["client"] == second["client"]  # one connection
+    assert app.messages[0] == {"type": "http.request", "body": b"", "more_body": False}
+
+
+async def test_pipelined_requests_are_answered_in_order():
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        body = (await receive())["body"]
+        await trio.sleep(0.01 * (3 - len(body)))  # later requests would finish first if run at once
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body + b"!"})
+
+    async with serving(app) as port:
+        client = await Client.connect(port)
+        await client.send(post(b"/", b"1") + post(b"/", b"22") + b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        bodies = [(await client.response(m))[1] for m in ("POST", "POST", "GET")]
+    assert bodies == [b"1!", b"22!", b"!"]
+
+
+async def test_expect_100_continue():
+    app = Recorder()
+    async with serving(app) as port:
+        client = await Client.connect(port)
+        await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+        with trio.fail_after(10):
+            assert await client.stream.receive_some(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        client.conn.receive_data(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await client.send(b"hello")
+        response, body, informational = await client.response()
+        assert [i.status_code for i in informational] == [100]
+        assert response.status_code == 200 and body == b"hello"
+
+
+async def test_a_refused_body_gets_no_continue_and_the_connection_closes():
+    async def refuse(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 400, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"no"})
+
+    async with serving(refuse) as port:
+        client = await Client.connect(port)
+        await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 99999999\r\n\r\n")
+        with trio.fail_after(10):
+            data = await client.read_to_eof()
+    assert data.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"100 Continue" not in data
+    assert b"connection: close\r\n" in data and data.endswith(b"\r\n\r\nno")
+
+
+async def test_unread_body_sent_anyway_is_drained_while_the_client_reads():
+    async def refuse(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 400, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"no"})
+
+    big = b"b" * (4 << 20)
+    async with serving(refuse) as port:
+        client = await Client.connect(port)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.send, post(b"/", big))
+            with trio.fail_after(20):
+                data = await client.read_to_eof()  # lingering close: no reset before the response is read
+    assert data.startswith(b"HTTP/1.1 400 ") and data.endswith(b"no")
+
+
+async def test_small_unread_body_is_skipped_and_the_connection_kept():
+    async def ignore_body(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": scope["path"].encode()})
+
+    async with serving(ignore_body) as port:
+        client = await Client.connect(port)
+        await client.send(post(b"/one", b"x" * 1000))
+        assert (await client.response())[1] == b"/one"
+        await client.send(post(b"/two", b"y" * 10))
+        assert (await client.response())[1] == b"/two"
+
+
+async def test_chunked_request_and_chunked_response():
+    app = Recorder(stream_parts=3)
+    async with serving(app) as port:
+        client = await Client.connect(port)
+        await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                          b"5;ext=1\r\nhello\r\n1\r\n \r\n")
+        await trio.sleep(0.01)
+        await client.send(b"5\r\nworld\r\n0\r\nX-Trailer: 1\r\n\r\n")
+        response, body, _ = await client.response()
+    assert body == b"hello world"
+    assert headers_of(response)[b"transfer-encoding"] == b"chunked"
+    assert b"".join(m["body"] for m in app.messages) == b"hello world"
+
+
+async def test_large_body_arrives_in_bounded_messages():
+    app = Recorder()
+    big = bytes(range(256)) * (3 * 4096 + 7)  # ~3 MiB
+    async with serving(app) as port:
+        client = await Client.connect(port)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.send, post(b"/", big))
+            response, body, _ = await client.response()
+    assert body == big
+    assert len(app.messages) > 1 and all(len(m["body"]) <= 1 << 20 for m in app.messages)
+    assert [m["more_body"] for m in app.messages] == [True] * (len(app.messages) - 1) + [False]
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (70 * 1024) + b"\r\n\r\n", 431),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (70 * 1024), 431),
+    (b"GET /\r\n\r\n", 400),
+    (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400),
+    (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
+])
+async def test_bad_requests_get_an_error_and_close(request_bytes, status):
+    async with serving(Recorder()) as port:
+        client = await Client.connect(port)
+        await client.send(request_bytes)
+        with trio.fail_after(10):
+            data = await client.read_to_eof()
+    assert data.startswith(b"HTTP/1.1 %d " % status) and b"connection: close\r\n" in data
+
+
+async def test_disconnect_is_delivered_while_the_app_runs():
+    got: list[str] = []
+    done = trio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        assert (await receive())["type"] == "http.request"
+        got.append((await receive())["type"])  # blocks until the client goes away
+        done.set()
+
+    async with serving(app) as port:
+        client = await Client.connect(port)
+        await client.send(post(b"/", b"abc"))
+        await trio.sleep(0.05)
+        await client.stream.aclose()
+        with trio.fail_after(10):
+            await done.wait()
+    assert got == ["http.disconnect"]
+
+
+async def test_pending_receive_returns_disconnect_once_the_response_is_sent():
+    """The app's watcher pattern: a receive() waiting next to the handler ends with the response."""
+    watcher_saw: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+
+        async def watch() -> None:
+            watcher_saw.append((await receive())["type"])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            await trio.sleep(0.01)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    async with serving(app) as port:
+        client = await Client.connect(port)
+        for _ in range(2):  # and the connection stays usable
+            await client.send(post(b"/", b"x"))
+            assert (await client.response())[1] == b"ok"
+        with trio.fail_after(10):
+            while len(watcher_saw) < 2:
+                await trio.sleep(0.01)
+    assert watcher_saw == ["http.disconnect", "http.disconnect"]
+
+
+async def test_app_failures_give_500():
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/raise":
+            raise ValueError("boom")
+
+    async with serving(app) as port:
+        for path in (b"/raise", b"/silent"):
+            client = await Client.connect(port)
+            await client.send(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path)
+            with trio.fail_after(10):
+                assert (await client.read_to_eof()).startswith(b"HTTP/1.1 500 ")
+
+
+async def test_http10_closes_unless_keep_alive_is_asked():
+    async with serving(Recorder(stream_parts=2)) as port:
+        client = await Client.connect(port)
+        await client.send(b"POST / HTTP/1.0\r\nContent-Length: 4\r\n\r\nabcd")
+        with trio.fail_after(10):
+            data = await client.read_to_eof()
+        assert data.startswith(b"HTTP/1.1 200 OK\r\n") and data.endswith(b"\r\n\r\nabcd")
+        assert b"transfer-encoding" not in data  # close-delimited
+        client = await Client.connect(port)
+        await client.send(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n" * 2)
+        with trio.fail_after(10):
+            data = b""
+            while data.count(b"HTTP/1.1 200") < 2:
+                data += await client.stream.receive_some(65536)
+        assert data.count(b"connection: keep-alive\r\n") == 2
+
+
+async def test_idle_keep_alive_connections_time_out():
+    async with serving(Recorder(), keep_alive_timeout=0.05) as port:
+        client = await Client.connect(port)
+        await client.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await client.response("GET")
+        with trio.fail_after(10):
+            assert await client.stream.receive_some(100) == b""
+
+
+async def test_graceful_shutdown():
+    trigger = trio.Event()
+    release = trio.Event()
+    entered = trio.Event()
+    returned = trio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        if scope["path"] == "/slow":
+            entered.set()
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"done"})
+
+    async def run_server(task_status: trio.TaskStatus[int]) -> None:
+        await serve_asgi(app, host="127.0.0.1", port=0, shutdown_trigger=trigger.wait, task_status=task_status)
+        returned.set()
+
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(run_server)
+        idle = await Client.connect(port)
+        await idle.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await idle.response("GET")
+        busy = await Client.connect(port)
+        await busy.send(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        await entered.wait()
+        trigger.set()
+        with trio.fail_after(10):
+            assert await idle.stream.receive_some(100) == b""  # idle connection closed
+        await trio.sleep(0.05)
+        with pytest.raises(OSError):
+            await trio.open_tcp_stream("127.0.0.1", port)  # no longer accepting
+        assert not returned.is_set()
+        release.set()
+        with trio.fail_after(10):
+            response, body, _ = await busy.response("GET")
+            assert body == b"done" and headers_of(response)[b"connection"] == b"close"
+            assert await busy.stream.receive_some(100) == b""
+            await returned.wait()
+
+
+async def test_grace_period_then_cancellation():
+    cancelled = trio.Event()
+    entered = trio.Event()
+    trigger = trio.Event()
+
+    async def stuck(scope: Any, receive: Any, send: Any) -> None:
+        entered.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda task_status: serve_asgi(
+            stuck, host="127.0.0.1", port=0, shutdown_trigger=trigger.wait, graceful_timeout=0.05,
+            task_status=task_status))
+        client = await Client.connect(port)
+        await client.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await entered.wait()
+        trigger.set()
+        with trio.fail_after(10):
+            await cancelled.wait()
+            assert await client.read_to_eof() == b""
+
+
+async def test_cancellation_closes_listener_and_connections():
+    entered = trio.Event()
+
+    async def stuck(scope: Any, receive: Any, send: Any) -> None:
+        entered.set()
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda task_status: serve_asgi(stuck, host="127.0.0.1", port=0,
+                                                                  task_status=task_status))
+        client = await Client.connect(port)
+        await client.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await entered.wait()
+        nursery.cancel_scope.cancel()
+    with trio.fail_after(10):
+        assert await client.read_to_eof() == b""
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def tritonclient_session(port: int) -> dict[str, Any]:
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        item = httpclient.InferInput(name, [1, 16], "FP32")
+        item.set_data_from_numpy(a)
+        inputs.append(item)
+    as_json = client.infer("add_sub", inputs, request_compression_algorithm="gzip",
+                           outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)])
+    return {"ready": client.is_server_ready(), "binary": client.infer("add_sub", inputs).as_numpy("OUTPUT0"),
+            "json": as_json.as_numpy("OUTPUT0"), "expected": a + a}
+
+
+async def test_serves_the_kserve_app_to_tritonclient():
+    options = ServerOptions(model_repositories=[str(Path(EXAMPLE_REPOSITORY))], exit_timeout_secs=5)
+    async with open_server(options) as server, trio.open_nursery() as nursery:
+        port = await nursery.start(
+            lambda task_status: serve_http_fast(server, host="127.0.0.1", port=0, task_status=task_status))
+        got = await trio.to_thread.run_sync(tritonclient_session, port)
+        nursery.cancel_scope.cancel()
+    assert got["ready"]
+    np.testing.assert_array_equal(got["binary"], got["expected"])
+    np.testing.assert_array_equal(got["json"], got["expected"])
+
+
+def test_cli_selects_the_serving_layer(capsys):
+    from trident.cli import build_parser, options_from_args
+
+    assert options_from_args(build_parser().parse_args(["serve", "--http-server", "trident"])).http_server == "trident"
+    assert options_from_args(build_parser().parse_args(["serve", "--http-server=hypercorn"])).http_server == "hypercorn"
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["serve", "--http-server", "nginx"])
+    assert e.value.code == 2 and "--http-server" in capsys.readouterr().err

@@ -1,0 +1,445 @@
+"""A lean HTTP/1.1 server on trio for ASGI 3 applications (``http`` scopes).
+
+``--http-server trident`` serves :func:`trident.http.app.make_app` with this module instead of
+hypercorn. Parsing and response framing are sans-IO (:mod:`trident.protocol.http1`); this module
+only moves bytes and drives the ASGI calls:
+
+* one trio task per connection, requests handled in order (pipelined bytes wait in the parser);
+  the application runs in the connection's task, so a request costs no task switch of its own;
+* ``receive()`` returns the body as ``http.request`` messages (no larger than 1 MiB each, so a
+  size limit can refuse a large body early) and sends ``100 Continue`` the first time it needs
+  body bytes the client holds back; once the body is read, ``receive()`` returns
+  ``http.disconnect`` when the response is complete or the client goes away (it watches the
+  socket from ``WATCH_DELAY`` after the call: most responses are done before, and waking on an
+  event is cheaper than a socket wait that must be cancelled);
+* ``send()`` writes the head with the first body message in one ``send_all``; a streamed body
+  without ``content-length`` uses chunked transfer coding;
+* malformed requests get ``400`` (``431`` for a head over 64 KiB) and the connection closes; a
+  connection closed with request bytes unread is shut down for writing and drained first
+  (lingering close), so the client reads the response instead of a reset;
+* idle keep-alive connections close after ``keep_alive_timeout`` (between 1x and 2x of it);
+* graceful shutdown: stop accepting, close idle connections, let in-flight requests finish
+  within ``graceful_timeout``, then cancel the rest.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_to_bytes
+
+import trio
+
+from trident.http.app import ASGIApp, Message, make_app
+from trident.protocol.http1 import (
+    CONTINUE,
+    DEFAULT_MAX_HEAD_SIZE,
+    HTTPStatus,
+    ProtocolError,
+    RequestHead,
+    RequestParser,
+    ResponseFramer,
+    error_response,
+)
+
+if TYPE_CHECKING:
+    from trident.server import Server
+
+log = logging.getLogger("trident.http")
+
+RECEIVE_SIZE = 64 * 1024
+BODY_RECEIVE_SIZE = 256 * 1024
+MAX_READ_AHEAD = 64 * 1024  # pipelined bytes buffered while a request runs; beyond, reading pauses
+DRAIN_LIMIT = 64 * 1024  # an unread request body up to this is skipped to keep the connection open
+LINGER_SECONDS = 2.0  # lingering close: longest pause in what the client still sends
+LINGER_TOTAL_SECONDS = 30.0
+WATCH_DELAY = 0.02
+KEEP_ALIVE_TIMEOUT = 75.0
+_ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
+_STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+class _State:
+    """Settings and live connections of one server."""
+
+    def __init__(self, app: ASGIApp, max_head_size: int, keep_alive_timeout: float) -> None:
+        self.app = app
+        self.max_head_size = max_head_size
+        self.keep_alive_timeout = keep_alive_timeout
+        self.connections: set[_Connection] = set()
+        self.shutting_down = False
+
+    def close_idle(self) -> None:
+        for conn in self.connections:
+            if conn.idle:
+                conn.cancel_scope.cancel()
+
+
+class _Connection:
+    __slots__ = ("state", "stream", "parser", "cancel_scope", "idle", "served", "reaper_mark", "client",
+                 "sockname", "eof", "broken", "linger")
+
+    def __init__(self, state: _State, stream: trio.SocketStream) -> None:
+        self.state = state
+        self.stream = stream
+        self.parser = RequestParser(state.max_head_size)
+        self.cancel_scope = trio.CancelScope()
+        self.idle = False  # waiting for a request head: shutdown and the reaper may close it
+        self.served = 0
+        self.reaper_mark = -1
+        self.eof = False  # the client closed its side
+        self.broken = False  # a write failed
+        self.linger = False  # close with request bytes unread: drain before closing
+        try:
+            self.client: tuple[str, int] | None = tuple(stream.socket.getpeername()[:2])  # type: ignore[assignment]
+            self.sockname: tuple[str, int] | None = tuple(stream.socket.getsockname()[:2])  # type: ignore[assignment]
+        except OSError:
+            self.client = self.sockname = None
+
+    async def run(self) -> None:
+        stream = self.stream
+        parser = self.parser
+        try:
+            with self.cancel_scope:
+                while True:
+                    head = parser.next_head()
+                    if head is None:
+                        if self.state.shutting_down:
+                            return
+                        self.idle = True
+                        data = await stream.receive_some(RECEIVE_SIZE)
+                        self.idle = False
+                        if not data or self.cancel_scope.cancel_called:
+                            return
+                        parser.feed(data)
+                        continue
+                    if not await self._cycle(head):
+                        return
+        except ProtocolError as exc:
+            self.linger = True
+            await self.write(error_response(exc.status, exc.message))
+        except _STREAM_ERRORS:
+            self.broken = True
+        finally:
+            self.state.connections.discard(self)
+            await self._close()
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.broken:
+            return
+        try:
+            await self.stream.send_all(data)
+        except _STREAM_ERRORS:
+            self.broken = True
+
+    async def _close(self) -> None:
+        try:
+            if (self.linger or self.parser.buffered) and not (self.eof or self.broken):
+                # read and drop what the client still sends until it closes (or pauses)
+                with trio.move_on_after(LINGER_TOTAL_SECONDS):
+                    await self.stream.send_eof()
+                    data = b"-"
+                    while data:
+                        data = b""
+                        with trio.move_on_after(LINGER_SECONDS):
+                            data = await self.stream.receive_some(BODY_RECEIVE_SIZE)
+        except (*_STREAM_ERRORS, OSError):
+            pass
+        finally:
+            self.stream.socket.close()
+
+    async def _cycle(self, head: RequestHead) -> bool:
+        """Run the application for one request; True when the connection can take another."""
+        raw_path, _, query = head.target.partition(b"?")
+        if b"%" in raw_path:
+            path = unquote_to_bytes(raw_path).decode("utf-8", "replace")
+        else:
+            path = raw_path.decode("utf-8", "replace")
+        scope = {
+            "type": "http", "asgi": _ASGI, "http_version": head.http_version, "method": head.method,
+            "scheme": "http", "path": path, "raw_path": raw_path, "query_string": query, "root_path": "",
+            "headers": head.headers, "client": self.client, "server": self.sockname,
+        }
+        cycle = _Cycle(self, head)
+        try:
+            await self.state.app(scope, cycle.receive, cycle.send)
+        except Exception:
+            log.exception("error in the ASGI application for %s %s", head.method, path)
+        cycle.finish()
+        framer = cycle.framer
+        if self.eof or self.broken:
+            return False
+        if cycle.protocol_error is not None:  # the app was told http.disconnect; its sends were dropped
+            self.linger = True
+            await self.write(error_response(cycle.protocol_error.status, cycle.protocol_error.message))
+            return False
+        if not framer.started:
+            self.linger = True
+            await self.write(error_response(HTTPStatus.INTERNAL_SERVER_ERROR, "Internal Server Error"))
+            return False
+        if not framer.complete:
+            return False
+        if not self.parser.body_done:
+            if not framer.keep_alive or not await self._drain_body():
+                self.linger = True
+                return False
+        if not framer.keep_alive:
+            return False
+        self.parser.start_next()
+        self.served += 1
+        return not self.state.shutting_down
+
+    async def _drain_body(self) -> bool:
+        """Skip the rest of an unread request body (at most DRAIN_LIMIT bytes); True when done."""
+        skipped = 0
+        with trio.move_on_after(LINGER_SECONDS):
+            while skipped <= DRAIN_LIMIT:
+                try:
+                    got = self.parser.next_body()
+                except ProtocolError:
+                    return False
+                if got is None:
+                    data = await self.stream.receive_some(RECEIVE_SIZE)
+                    if not data:
+                        self.eof = True
+                        return False
+                    self.parser.feed(data)
+                    continue
+                skipped += len(got[0])
+                if got[1]:
+                    return True
+        return False
+
+
+class _Cycle:
+    """One request and its response: the ASGI ``receive`` and ``send`` callables."""
+
+    __slots__ = ("conn", "head", "framer", "body_done", "finished", "protocol_error", "sent_continue",
+                 "_watching", "_wait_scope", "_done")
+
+    def __init__(self, conn: _Connection, head: RequestHead) -> None:
+        self.conn = conn
+        self.head = head
+        self.framer = ResponseFramer(head)
+        self.body_done = False
+        self.finished = False  # response complete, or the connection is unusable
+        self.protocol_error: ProtocolError | None = None
+        self.sent_continue = False
+        self._watching = False
+        self._wait_scope: trio.CancelScope | None = None
+        self._done: trio.Event | None = None
+
+    def finish(self) -> None:
+        """Wake every ``receive()`` waiting for a disconnect: the response is over."""
+        self.finished = True
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+        if self._done is not None:
+            self._done.set()
+
+    async def receive(self) -> Message:
+        """The next ``http.request`` chunk; ``http.disconnect`` once the client or the response is gone."""
+        if self.finished or self.conn.eof or self.conn.broken:
+            return {"type": "http.disconnect"}
+        if self.body_done:
+            await self._wait_disconnect()
+            return {"type": "http.disconnect"}
+        conn = self.conn
+        parser = conn.parser
+        try:
+            got = parser.next_body()
+            while got is None:
+                if self.head.expect_continue and not self.sent_continue:
+                    self.sent_continue = True
+                    await conn.write(CONTINUE)
+                remaining = parser.body_remaining
+                size = BODY_RECEIVE_SIZE if remaining is None else max(RECEIVE_SIZE, min(remaining, BODY_RECEIVE_SIZE))
+                data = await conn.stream.receive_some(size)
+                if not data:
+                    conn.eof = True
+                    self.finish()
+                    return {"type": "http.disconnect"}
+                got = parser.body_from(data)
+        except ProtocolError as exc:
+            self.protocol_error = exc
+            self.finish()
+            return {"type": "http.disconnect"}
+        except _STREAM_ERRORS:
+            conn.broken = True
+            self.finish()
+            return {"type": "http.disconnect"}
+        body, done = got
+        if done:
+            self.body_done = True
+        return {"type": "http.request", "body": body, "more_body": not done}
+
+    async def _wait_disconnect(self) -> None:
+        """Read ahead (pipelined bytes go to the parser) until EOF or the end of the response."""
+        if self._watching:  # another task already watches the socket
+            await self._event().wait()
+            return
+        conn = self.conn
+        self._watching = True
+        try:
+            if WATCH_DELAY:
+                # most responses are sent within this: waking on an event costs less than
+                # registering the socket and cancelling the wait
+                with trio.move_on_after(WATCH_DELAY):
+                    await self._event().wait()
+            while not self.finished:
+                if conn.parser.buffered >= MAX_READ_AHEAD:
+                    await self._event().wait()
+                    return
+                with trio.CancelScope() as scope:
+                    self._wait_scope = scope
+                    data = await conn.stream.receive_some(RECEIVE_SIZE)
+                    self._wait_scope = None
+                    if not data:
+                        conn.eof = True
+                        self.finish()
+                        return
+                    conn.parser.feed(data)
+                self._wait_scope = None
+        except _STREAM_ERRORS:
+            conn.broken = True
+            self.finish()
+        finally:
+            self._watching = False
+
+    def _event(self) -> trio.Event:
+        if self._done is None:
+            self._done = trio.Event()
+            if self.finished:
+                self._done.set()
+        return self._done
+
+    async def send(self, message: Message) -> None:
+        """Write ``http.response.start`` / ``http.response.body``; a no-op once the connection broke.
+
+        Raises ResponseError (trident.protocol.http1) for a response that cannot be framed and
+        RuntimeError for another message type.
+        """
+        kind = message["type"]
+        framer = self.framer
+        if self.protocol_error is not None:
+            return
+        if kind == "http.response.body":
+            parts = framer.body(message.get("body", b""), message.get("more_body", False))
+            if framer.complete:
+                self.finish()  # a waiting receive() returns http.disconnect as the last bytes go out
+            conn = self.conn
+            if not conn.broken:
+                try:
+                    for part in parts:
+                        await conn.stream.send_all(part)
+                except _STREAM_ERRORS:
+                    conn.broken = True
+                    self.finish()
+        elif kind == "http.response.start":
+            conn = self.conn
+            if conn.state.shutting_down:
+                framer.keep_alive = False
+            elif not conn.parser.body_done:
+                remaining = conn.parser.body_remaining
+                if ((self.head.expect_continue and not self.sent_continue) or remaining is None
+                        or remaining - conn.parser.buffered > DRAIN_LIMIT):
+                    framer.keep_alive = False  # the unread body is not worth reading
+            framer.start(message["status"], message.get("headers", ()))
+        else:
+            raise RuntimeError(f"unexpected ASGI message type {kind!r}")
+
+
+async def _accept_loop(listener: trio.SocketListener, state: _State, nursery: trio.Nursery) -> None:
+    while True:
+        try:
+            stream = await listener.accept()
+        except OSError as exc:
+            if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                raise
+            log.error("accept failed (%s): waiting 100 ms", errno.errorcode.get(exc.errno or 0, exc.errno))
+            await trio.sleep(0.1)
+            continue
+        conn = _Connection(state, stream)
+        state.connections.add(conn)
+        nursery.start_soon(conn.run, name="trident.http.connection")
+
+
+async def _reap_idle(state: _State) -> None:
+    """Close connections idle (waiting for a request) for a whole keep-alive period."""
+    while True:
+        await trio.sleep(state.keep_alive_timeout)
+        for conn in list(state.connections):
+            if conn.idle and conn.reaper_mark == conn.served:
+                conn.cancel_scope.cancel()
+            conn.reaper_mark = conn.served
+
+
+async def serve_asgi(
+    app: ASGIApp,
+    *,
+    host: str,
+    port: int,
+    shutdown_trigger: Callable[[], Awaitable[Any]] | None = None,
+    graceful_timeout: float = 5.0,
+    keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT,
+    max_head_size: int = DEFAULT_MAX_HEAD_SIZE,
+    backlog: int = 1024,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the ASGI ``app`` over HTTP/1.1 on ``host:port``.
+
+    Start it with ``nursery.start``: it reports the bound port (the real one when ``port`` is 0).
+    Without ``shutdown_trigger`` it serves until cancelled. When ``shutdown_trigger`` returns,
+    it stops accepting, closes idle connections, waits up to ``graceful_timeout`` seconds for
+    in-flight requests (their responses carry ``connection: close``), cancels what is left, and
+    returns.
+
+    Raises OSError when the address cannot be bound. Cancellation closes the listener and every
+    connection and cancels the application calls in flight.
+    """
+    listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
+    state = _State(app, max_head_size, keep_alive_timeout)
+    try:
+        async with trio.open_nursery() as connections:
+            async with trio.open_nursery() as accepting:
+                for listener in listeners:
+                    accepting.start_soon(_accept_loop, listener, state, connections)
+                accepting.start_soon(_reap_idle, state)
+                task_status.started(listeners[0].socket.getsockname()[1])
+                if shutdown_trigger is None:
+                    await trio.sleep_forever()
+                else:
+                    await shutdown_trigger()
+                accepting.cancel_scope.cancel()
+            for listener in listeners:
+                listener.socket.close()
+            state.shutting_down = True
+            state.close_idle()
+            connections.cancel_scope.deadline = trio.current_time() + graceful_timeout
+    finally:
+        for listener in listeners:
+            listener.socket.close()
+
+
+async def serve_http_fast(
+    server: Server,
+    *,
+    host: str,
+    port: int,
+    shutdown_trigger: Callable[[], Awaitable[Any]] | None = None,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the KServe v2 HTTP API of ``server`` on ``host:port`` (same contract as ``serve_http``).
+
+    It reports the bound port through ``task_status``. When ``shutdown_trigger`` returns, it
+    stops accepting and finishes in-flight requests (up to the server's ``exit_timeout_secs``).
+
+    Raises OSError when the address cannot be bound. Cancellation closes the listener and
+    cancels every in-flight request (each is cancelled in the server too).
+    """
+    graceful = float(getattr(server.options, "exit_timeout_secs", 5.0))
+    await serve_asgi(make_app(server), host=host, port=port, shutdown_trigger=shutdown_trigger,
+                     graceful_timeout=graceful, task_status=task_status)

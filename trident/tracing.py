@@ -1,0 +1,289 @@
+"""Request tracing: sampling by the trace settings and Triton's trace JSON file (or OpenTelemetry).
+
+:class:`Tracer` reads the live :class:`~trident.trace.TraceSettings` (global and per model).
+``trace_rate`` N traces every N-th request of a model (models without their own settings share
+the global counter), ``trace_count`` limits how many traces are collected (-1: no limit),
+``trace_level`` TIMESTAMPS records REQUEST_START, QUEUE_START, COMPUTE_START,
+COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END and REQUEST_END (monotonic ns), TENSORS
+adds the input (TENSOR_QUEUE_INPUT) and output (TENSOR_BACKEND_OUTPUT) tensors.
+
+Triton mode writes Triton's trace JSON to ``trace_file``: a JSON array holding, per trace,
+``{"id", "model_name", "model_version", "request_id", "parent_id"}``, then
+``{"id", "timestamps": [{"name", "ns"}, ...]}``, then one ``{"id", "activity", "tensor"}`` per
+tensor. With ``log_frequency`` N > 0 every N traces go to ``<trace_file>.<k>`` (k = 0, 1, ...);
+with 0 the traces are written to ``trace_file`` when the settings change, when ``trace_count``
+runs out and when the server stops (:meth:`Tracer.close`).
+
+OpenTelemetry mode (``--trace-config mode=opentelemetry``, ``opentelemetry,url=...``) exports
+one span per traced request (timestamps as span events) through OTLP/HTTP; it needs the
+``opentelemetry-sdk`` and ``opentelemetry-exporter-otlp-proto-http`` packages, checked at startup.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trident.errors import TritonError
+from trident.trace import TraceSettings
+
+if TYPE_CHECKING:
+    from trident.execution import Pending
+    from trident.types import InferenceResponse, Tensor
+
+log = logging.getLogger("trident.tracing")
+
+_GLOBAL_KEYS = {"rate": "trace_rate", "level": "trace_level", "count": "trace_count", "mode": "trace_mode"}
+_TRITON_KEYS = {"file": "trace_file", "log-frequency": "log_frequency", "log_frequency": "log_frequency"}
+_OTEL_KEYS = {"url", "resource", "bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size"}
+
+
+def parse_trace_config(entries: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``--trace-config`` values as (trace setting changes, OpenTelemetry settings).
+
+    ``<key>=<value>`` sets rate, level (repeatable), count or mode; ``triton,file=...`` and
+    ``triton,log-frequency=...`` the trace file; ``opentelemetry,url=...`` (and resource,
+    bsp_*) the exporter. Raises ValueError for a bad entry, and when the OpenTelemetry mode is
+    asked for without the opentelemetry packages.
+    """
+    changes: dict[str, Any] = {}
+    otel: dict[str, str] = {}
+    for entry in entries:
+        section, _, kv = entry.rpartition(",") if "," in entry.split("=", 1)[0] else ("", "", entry)
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--trace-config expects [<mode>,]<setting>=<value>, got '{entry}'")
+        if section == "opentelemetry":
+            if key not in _OTEL_KEYS:
+                raise ValueError(f"unknown --trace-config opentelemetry setting '{key}'")
+            otel[key] = value
+        elif section in ("", "triton") and key in _TRITON_KEYS:
+            changes[_TRITON_KEYS[key]] = value
+        elif section == "" and key in _GLOBAL_KEYS:
+            name = _GLOBAL_KEYS[key]
+            if name == "trace_level":
+                changes.setdefault(name, [])
+                if value != "OFF":
+                    changes[name].append(value)
+            else:
+                changes[name] = value
+        else:
+            raise ValueError(f"unknown --trace-config setting '{entry}'")
+    if changes.get("trace_level") == []:
+        changes["trace_level"] = "OFF"
+    try:
+        TraceSettings().update("", changes)
+    except TritonError as e:
+        raise ValueError(f"--trace-config: {e.message}") from None
+    if changes.get("trace_mode") == "opentelemetry":
+        try:
+            import opentelemetry.exporter.otlp.proto.http.trace_exporter  # type: ignore[import-not-found]  # noqa: F401
+            import opentelemetry.sdk.trace  # type: ignore[import-not-found]  # noqa: F401
+        except ImportError:
+            raise ValueError("--trace-config mode=opentelemetry needs the opentelemetry-sdk and "
+                             "opentelemetry-exporter-otlp-proto-http packages") from None
+    return changes, otel
+
+
+@dataclass
+class RequestTrace:
+    """One sampled request."""
+
+    id: int
+    model_name: str
+    model_version: int
+    request_id: str
+    tensors: bool
+    state: _State
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class _State:
+    """Counters and buffered traces of one trace-settings owner (a model, or the global ones)."""
+
+    mode: str
+    levels: frozenset[str]
+    rate: int
+    remaining: int
+    log_frequency: int
+    file: str
+    seen: int = 0
+    outstanding: int = 0
+    index: int = 0
+    retired: bool = False
+    buffer: list[dict[str, Any]] = field(default_factory=list)
+    traces_in_buffer: int = 0
+
+
+def _tensor_entry(trace_id: int, activity: str, tensor: Tensor) -> dict[str, Any]:
+    data = np.asarray(tensor.data).reshape(-1)
+    if data.dtype == object:
+        items = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in data]
+    else:
+        items = [str(x) for x in data.tolist()]
+    return {"id": trace_id, "activity": activity,
+            "tensor": {"name": tensor.name, "data": ",".join(items),
+                       "shape": ",".join(str(d) for d in tensor.shape), "dtype": tensor.datatype}}
+
+
+class Tracer:
+    """Samples requests by the live trace settings and writes or exports the traces."""
+
+    def __init__(self, settings: TraceSettings, otel: dict[str, str] | None = None) -> None:
+        self.settings = settings
+        self._otel_settings = otel or {}
+        self._otel: Any = None
+        self._generation = -1
+        self._states: dict[str, _State] = {}  # owner ("" = global) -> state
+        self._retired: list[_State] = []
+        self._next_id = 1
+        self._files: dict[str, list[dict[str, Any]]] = {}  # trace_file (log_frequency 0) -> written entries
+        self.written = 0  # traces written or exported
+
+    # ---- sampling ------------------------------------------------------------------------
+
+    def _state(self, model: str) -> _State:
+        if self._generation != self.settings.generation:
+            self._retire_all()
+            self._generation = self.settings.generation
+        owner = model if model in self.settings.model_settings else ""
+        state = self._states.get(owner)
+        if state is None:
+            s = self.settings.get(owner)
+            state = self._states[owner] = _State(
+                mode=s["trace_mode"], levels=frozenset(s["trace_level"]) - {"OFF"}, rate=int(s["trace_rate"]),
+                remaining=int(s["trace_count"]), log_frequency=int(s["log_frequency"]), file=s["trace_file"])
+        return state
+
+    def sample(self, model: str, version: int, request: Any) -> RequestTrace | None:
+        """A RequestTrace when this request is to be traced, else None."""
+        state = self._state(model)
+        if not state.levels or state.remaining == 0 or (state.mode == "triton" and not state.file):
+            return None
+        state.seen += 1
+        if state.rate <= 0 or state.seen % state.rate:
+            return None
+        if state.remaining > 0:
+            state.remaining -= 1
+        trace = RequestTrace(self._next_id, model, version, str(getattr(request, "id", "") or ""),
+                             "TENSORS" in state.levels, state)
+        self._next_id += 1
+        state.outstanding += 1
+        if trace.tensors:
+            trace.inputs = [_tensor_entry(trace.id, "TENSOR_QUEUE_INPUT", t) for t in request.inputs]
+        return trace
+
+    # ---- completion ----------------------------------------------------------------------
+
+    def complete(self, trace: RequestTrace, pending: Pending, response: InferenceResponse | None) -> None:
+        """The traced request ended (answered, failed or cancelled): record its timestamps."""
+        end = time.monotonic_ns()
+        stamps = [("REQUEST_START", pending.request.arrival_ns), ("QUEUE_START", pending.enqueued_ns)]
+        if pending.exec_ns is not None:
+            start, infer_start, infer_end, done = pending.exec_ns
+            stamps += [("COMPUTE_START", start), ("COMPUTE_INPUT_END", infer_start),
+                       ("COMPUTE_OUTPUT_START", infer_end), ("COMPUTE_END", done)]
+        stamps.append(("REQUEST_END", end))
+        entries: list[dict[str, Any]] = [
+            {"id": trace.id, "model_name": trace.model_name, "model_version": trace.model_version,
+             "request_id": trace.request_id, "parent_id": 0},
+            {"id": trace.id, "timestamps": [{"name": n, "ns": ns} for n, ns in stamps]},
+        ]
+        if trace.tensors:
+            entries += trace.inputs
+            if response is not None and response.error is None:
+                entries += [_tensor_entry(trace.id, "TENSOR_BACKEND_OUTPUT", t) for t in response.outputs]
+        state = trace.state
+        state.outstanding -= 1
+        if state.mode == "opentelemetry":
+            self._export_span(trace, stamps)
+            return
+        state.buffer += entries
+        state.traces_in_buffer += 1
+        if state.log_frequency > 0 and state.traces_in_buffer >= state.log_frequency:
+            self._flush(state)
+        elif state.outstanding == 0 and (state.retired or state.remaining == 0):
+            self._flush(state)
+
+    def _retire_all(self) -> None:
+        for state in self._states.values():
+            state.retired = True
+            if state.outstanding == 0:
+                self._flush(state)
+            else:
+                self._retired.append(state)
+        self._states = {}
+
+    def close(self) -> None:
+        """Write every buffered trace (server shutdown)."""
+        self._retire_all()
+        for state in self._retired:
+            self._flush(state)
+        self._retired = []
+        if self._otel is not None:
+            self._otel.shutdown()
+
+    def _flush(self, state: _State) -> None:
+        if not state.buffer or not state.file:
+            return
+        if state.log_frequency > 0:
+            path = f"{state.file}.{state.index}"
+            state.index += 1
+            entries = state.buffer
+        else:
+            path = state.file
+            entries = self._files.setdefault(path, [])
+            entries += state.buffer
+        try:
+            with open(path, "w") as f:
+                json.dump(entries, f)
+        except OSError as e:
+            log.error("failed to write trace file '%s': %s", path, e)
+        self.written += state.traces_in_buffer
+        state.buffer = []
+        state.traces_in_buffer = 0
+
+    # ---- OpenTelemetry ---------------------------------------------------------------------
+
+    def _export_span(self, trace: RequestTrace, stamps: list[tuple[str, int]]) -> None:
+        if self._otel is None:
+            self._otel = _OtelExporter(self._otel_settings)
+        self._otel.export(trace, stamps)
+        self.written += 1
+
+
+class _OtelExporter:
+    """One span per traced request, exported with OTLP/HTTP through a batch span processor."""
+
+    def __init__(self, settings: dict[str, str]) -> None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource  # type: ignore[import-not-found]
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor  # type: ignore[import-not-found]
+
+        attrs = {"service.name": "triton-inference-server"}
+        for item in filter(None, settings.get("resource", "").split(",")):
+            k, _, v = item.partition("=")
+            attrs[k] = v
+        self.provider = TracerProvider(resource=Resource.create(attrs))
+        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
+            endpoint=settings.get("url", "http://localhost:4318/v1/traces"))))
+        self.tracer = self.provider.get_tracer("trident")
+        self.offset = time.time_ns() - time.monotonic_ns()  # monotonic -> epoch ns
+
+    def export(self, trace: RequestTrace, stamps: list[tuple[str, int]]) -> None:
+        span = self.tracer.start_span("InferRequest", start_time=stamps[0][1] + self.offset, attributes={
+            "triton.model_name": trace.model_name, "triton.model_version": trace.model_version,
+            "triton.trace_id": trace.id, "triton.request_id": trace.request_id})
+        for name, ns in stamps:
+            span.add_event(name, timestamp=ns + self.offset)
+        span.end(end_time=stamps[-1][1] + self.offset)
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
