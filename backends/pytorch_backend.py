@@ -45,6 +45,7 @@ from trident.backends._common import (
     str_array,
 )
 from trident.backends.base import Backend, LoadContext, ModelInstance
+from trident.batching.state import with_sequence_io
 from trident.errors import TritonError, internal, invalid_arg, unavailable, unsupported
 from trident.protocol.generated.inference import DataType, ModelConfig
 from trident.types import InferenceRequest, InferenceResponse
@@ -307,7 +308,7 @@ class PyTorchBackend(Backend):
         # read-only request buffers are never written by a model; TorchScript is what Triton serves
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
         warnings.filterwarnings("ignore", message="`torch.jit.load` is deprecated", category=DeprecationWarning)
-        config = ctx.config
+        config = with_sequence_io(ctx.config)  # sequence control and implicit state tensors are model inputs
         device = device_for(torch, ctx.instance_kind, ctx.device_id, config.name)
         path = self._path(config, ctx.version_dir)
         _apply_global_settings(torch, config)

@@ -21,7 +21,9 @@ sequence's other queued requests are answered CANCELLED and the sequence is rele
 Triton cancels a sequence's pending requests).
 
 Not done here: the rate limiter (``--rate-limit``) does not gate sequence batches; decoupled
-models get control tensors but no implicit state; instance counts cannot change in place.
+models get control tensors but no implicit state; idle direct slots are not padded with
+Triton's null requests (a batch holds only slots with a request); instance counts cannot
+change in place (the model reloads).
 """
 
 from __future__ import annotations
@@ -228,20 +230,31 @@ class SequenceScheduler(Scheduler):
                 self._cancel_sequence(seq, pending)
                 continue
             request: InferenceRequest = pending.request
-            start = bool(request.parameters.get("sequence_start"))
+            try:
+                extra = self._extra_inputs(seq, request)
+            except (TritonError, ValueError, OverflowError) as e:  # e.g. an id that does not fit CORRID's type
+                error = e if isinstance(e, TritonError) else invalid_arg(f"sequence {seq.id}: {e}")
+                pending.responder.send(InferenceResponse(error=error), final=True)
+                continue
             wrapped.originals[id(request)] = (len(request.inputs), list(request.outputs))
-            for control in self.controls:
-                value: object = seq.id if control.kind == CORRID else {
-                    START: start, END: bool(request.parameters.get("sequence_end")), READY: True}[control.kind]
-                request.inputs.append(control_tensor(control, value, self.batching))
-            if self.state.specs:
-                request.inputs.extend(self.state.tensors(seq.id, start))
-                if request.outputs:
-                    request.outputs = [*request.outputs, *(RequestedOutput(n) for n in self.state.output_names)]
+            request.inputs.extend(extra)
+            if self.state.specs and request.outputs:
+                request.outputs = [*request.outputs, *(RequestedOutput(n) for n in self.state.output_names)]
             seq.running = True
             batch.append(pending)
             members.append((seq, pending))
         return batch, members
+
+    def _extra_inputs(self, seq: Sequence, request: InferenceRequest) -> list[Any]:
+        """The control tensors and implicit state of ``request``. Raises ValueError/OverflowError
+        when the correlation id does not fit the CORRID data type."""
+        start = bool(request.parameters.get("sequence_start"))
+        flags = {START: start, END: bool(request.parameters.get("sequence_end")), READY: True}
+        extra = [control_tensor(c, seq.id if c.kind == CORRID else flags[c.kind], self.batching)
+                 for c in self.controls]
+        if self.state.specs:
+            extra.extend(self.state.tensors(seq.id, start))
+        return extra
 
     def _cancel_sequence(self, seq: Sequence, first: Any) -> None:
         self.on_drop(first)

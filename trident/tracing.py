@@ -54,8 +54,8 @@ def parse_trace_config(entries: list[str]) -> tuple[dict[str, Any], dict[str, st
     changes: dict[str, Any] = {}
     otel: dict[str, str] = {}
     for entry in entries:
-        section, _, kv = entry.rpartition(",") if "," in entry.split("=", 1)[0] else ("", "", entry)
-        key, sep, value = kv.partition("=")
+        head, sep, value = entry.partition("=")
+        section, _, key = head.rpartition(",")
         if not sep or not key:
             raise ValueError(f"--trace-config expects [<mode>,]<setting>=<value>, got '{entry}'")
         if section == "opentelemetry":
@@ -242,7 +242,7 @@ class Tracer:
             entries += state.buffer
         try:
             with open(path, "w") as f:
-                json.dump(entries, f)
+                f.write(json.dumps(entries, separators=(",", ":")))
         except OSError as e:
             log.error("failed to write trace file '%s': %s", path, e)
         self.written += state.traces_in_buffer

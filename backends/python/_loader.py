@@ -69,7 +69,7 @@ def _inside(module: ModuleType, folder: str) -> bool:
 
 
 def _drop_package(package: str) -> None:
-    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+    for name in [n for n in list(sys.modules) if n == package or n.startswith(package + ".")]:
         del sys.modules[name]
 
 

@@ -12,6 +12,7 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import h2.exceptions
 import h2.settings
 import trio
 
@@ -136,7 +137,10 @@ class RawClient:
             n = min(window, len(view))
             if n or not view:
                 last = n == len(view)
-                self.h2.send_data(s.stream_id, bytes(view[:n]), end_stream=end_stream and last)
+                try:
+                    self.h2.send_data(s.stream_id, bytes(view[:n]), end_stream=end_stream and last)
+                except h2.exceptions.StreamClosedError:
+                    return  # the server answered (trailers-only) before the body went out
                 view = view[n:]
                 await self.flush()
                 if last:

@@ -6,6 +6,7 @@ tensor, and an ONNX graph with implicit state (OUTPUT = INPUT + STATE_IN, STATE_
 
 from __future__ import annotations
 
+import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -115,6 +116,70 @@ sequence_batching { max_sequence_idle_microseconds: 30000000 }
 '''
 
 
+STATE_PY = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Implicit state kept by the server: OUTPUT = INPUT + STATE_IN, STATE_OUT = OUTPUT."""
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            y = (pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
+                 + pb_utils.get_input_tensor_by_name(r, "STATE_IN").as_numpy())
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", y), pb_utils.Tensor("STATE_OUT", y)]))
+        return out
+'''
+
+STATE_CONFIG = '''
+name: "state_py"
+backend: "python"
+max_batch_size: 4
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+}
+'''
+
+
+DECOUPLED_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Decoupled accumulator: per request, the running sum then ten times it, then the final flag."""
+
+    def initialize(self, args):
+        self.sums = {}
+
+    def execute(self, requests):
+        for r in requests:
+            cid = r.correlation_id()
+            start = r.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+            total = (0 if start else self.sums.get(cid, 0)) + int(
+                pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy().reshape(-1)[0])
+            self.sums[cid] = total
+            sender = r.get_response_sender()
+            for value in (total, total * 10):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.array([[value]], np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+DECOUPLED_CONFIG = '''
+name: "acc_decoupled"
+backend: "python"
+max_batch_size: 4
+model_transaction_policy { decoupled: true }
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching { }
+'''
+
+
 def write_onnx_accumulator(repo: Path) -> None:
     f32 = TensorProto.FLOAT
     graph = helper.make_graph(
@@ -142,30 +207,35 @@ def server(tmp_path_factory):
     write_model(repo, "acc_str", acc_config("acc_str", "TYPE_STRING", idle_us=300_000), ACC_PY)
     write_onnx_accumulator(repo)
     write_model(repo, "slow_seq", SLOW_CONFIG, SLOW_PY)
+    write_model(repo, "state_py", STATE_CONFIG, STATE_PY)
+    write_model(repo, "acc_decoupled", DECOUPLED_CONFIG, DECOUPLED_PY)
     s = start_server(repo=repo)
     yield s
     s.stop()
 
 
-def step(protocol: str, server, model: str, sid, value, *, start=False, end=False, dtype=np.int32) -> float:
+def step(protocol: str, server, model: str, sid, value, *, start=False, end=False, dtype=np.int32,
+         output: str = "OUTPUT") -> float:
     module = httpclient if protocol == "http" else grpcclient
     url = server.http_url if protocol == "http" else server.grpc_url
     client = module.InferenceServerClient(url)
     try:
         inp = module.InferInput("INPUT", [1, 1], "INT32" if dtype == np.int32 else "FP32")
         inp.set_data_from_numpy(np.array([[value]], dtype=dtype))
-        result = client.infer(model, [inp], outputs=[module.InferRequestedOutput("OUTPUT")], sequence_id=sid,
+        result = client.infer(model, [inp], outputs=[module.InferRequestedOutput(output)], sequence_id=sid,
                               sequence_start=start, sequence_end=end)
-        return float(result.as_numpy("OUTPUT").reshape(-1)[0])
+        return float(result.as_numpy(output).reshape(-1)[0])
     finally:
         client.close()
 
 
-def run_sequences(protocol: str, server, model: str, ids: list, steps: int, dtype=np.int32) -> dict:
+def run_sequences(protocol: str, server, model: str, ids: list, steps: int, dtype=np.int32,
+                  output: str = "OUTPUT") -> dict:
     def one(sid):
         totals = []
         for k in range(steps):
-            totals.append(step(protocol, server, model, sid, k + 1, start=k == 0, end=k == steps - 1, dtype=dtype))
+            totals.append(step(protocol, server, model, sid, k + 1, start=k == 0, end=k == steps - 1, dtype=dtype,
+                               output=output))
         return totals
 
     with ThreadPoolExecutor(len(ids)) as pool:
@@ -199,6 +269,20 @@ def test_onnx_implicit_state_batches_several_sequences(server, protocol: str) ->
     assert run_sequences(protocol, server, "acc_onnx", ids, 5, dtype=np.float32) == {sid: EXPECTED for sid in ids}
     inferences, executions = (a - b for a, b in zip(stats(server, "acc_onnx"), before, strict=True))
     assert inferences == 20 and executions < inferences  # batches carried several sequences
+
+
+@PROTOCOLS
+def test_python_implicit_state(server, protocol: str) -> None:
+    ids = [(5000 if protocol == "http" else 6000) + k for k in range(4)]
+    assert run_sequences(protocol, server, "state_py", ids, 5) == {sid: EXPECTED for sid in ids}
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:  # asking for every output: the state output stays in the server
+        inp = httpclient.InferInput("INPUT", [1, 1], "INT32")
+        inp.set_data_from_numpy(np.array([[3]], dtype=np.int32))
+        r = client.infer("state_py", [inp], sequence_id=f"all-{protocol}", sequence_start=True, sequence_end=True)
+        assert [o["name"] for o in r.get_response()["outputs"]] == ["OUTPUT"]
+    finally:
+        client.close()
 
 
 @PROTOCOLS
@@ -280,3 +364,25 @@ def test_cancelling_a_queued_request_cancels_the_sequences_queued_requests(serve
     call("after", 0.0)
     after = results["after"]
     assert isinstance(after, InferenceServerException) and "START flag" in str(after)
+
+
+def test_decoupled_sequence_over_stream_infer(server) -> None:
+    """A decoupled stateful model over ModelStreamInfer streams its responses per request."""
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        values = []
+        for k in range(3):
+            inp = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+            inp.set_data_from_numpy(np.array([[k + 1]], dtype=np.int32))
+            client.async_stream_infer("acc_decoupled", [inp], request_id=f"r{k}", sequence_id="stream-1",
+                                      sequence_start=k == 0, sequence_end=k == 2)
+            for _ in range(2):  # each request's two responses arrive before the next request is sent
+                result, error = got.get(timeout=30)
+                assert error is None, error
+                values.append((result.get_response().id, int(result.as_numpy("OUTPUT")[0, 0])))
+        assert values == [("r0", 1), ("r0", 10), ("r1", 3), ("r1", 30), ("r2", 6), ("r2", 60)]
+    finally:
+        client.stop_stream()
+        client.close()

@@ -18,6 +18,7 @@ import itertools
 import logging
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -391,6 +392,8 @@ class ModelProcess:
 
 def main(argv: list[str]) -> None:
     sock_fd, in_fd, out_fd, size = (int(a) for a in argv[:4])
+    # Ctrl-C reaches the whole process group: the server finalizes this process itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s [model process] %(name)s: %(message)s")
     sock = socket.socket(fileno=sock_fd)
     channel = wire.Channel(sock, out_ring=wire.Ring(out_fd, size), in_ring=wire.Ring(in_fd, size))

@@ -301,3 +301,14 @@ async def test_oldest_strategy_batches_one_request_per_sequence(autojump_clock: 
         ids = [c["CORRID"] for c in batch]
         assert len(ids) == len(set(ids))
     assert max(len(b) for b in h.instances[0].batches) == 3
+
+
+async def test_an_id_that_does_not_fit_corrid_fails_only_its_request(autojump_clock: trio.testing.MockClock) -> None:
+    h = Harness(CONFIG.replace("data_type: TYPE_UINT64", "data_type: TYPE_INT64"))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(h.scheduler.run, h.instances, h.execute)
+        with pytest.raises(TritonError) as e:
+            await h.infer(2**63, 1, start=True)
+        assert e.value.code == Code.INVALID_ARG and str(2**63) in e.value.message
+        assert int((await h.infer(2**62, 1, start=True, end=True)).outputs[0].data[0, 0]) == 1
+        nursery.cancel_scope.cancel()

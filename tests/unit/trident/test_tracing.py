@@ -1,0 +1,112 @@
+"""Trace sampling and Triton's trace JSON (trident.tracing)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from trident.execution import Pending
+from trident.trace import TraceSettings
+from trident.tracing import Tracer, parse_trace_config
+from trident.types import InferenceRequest, InferenceResponse, Tensor
+
+
+def test_parse_trace_config():
+    changes, otel = parse_trace_config(["rate=5", "level=TIMESTAMPS", "level=TENSORS", "count=3",
+                                        "triton,file=/tmp/t.json", "triton,log-frequency=2"])
+    assert changes == {"trace_rate": "5", "trace_level": ["TIMESTAMPS", "TENSORS"], "trace_count": "3",
+                       "trace_file": "/tmp/t.json", "log_frequency": "2"}
+    assert otel == {}
+    assert parse_trace_config(["level=OFF"])[0] == {"trace_level": "OFF"}
+    assert parse_trace_config(["triton,file=/tmp/a,b=c.json"])[0] == {"trace_file": "/tmp/a,b=c.json"}
+
+
+@pytest.mark.parametrize("entry", ["rate", "rate=x", "level=LOUD", "bogus=1", "triton,url=x", "opentelemetry,file=x",
+                                   "mode=opentelemetry"])
+def test_parse_trace_config_rejects(entry):
+    # mode=opentelemetry: rejected here because the opentelemetry packages are not installed
+    with pytest.raises(ValueError):
+        parse_trace_config([entry])
+
+
+def _request(i: int) -> InferenceRequest:
+    return InferenceRequest(model_name="m", id=f"r{i}",
+                            inputs=[Tensor("IN", "INT32", [2], np.array([i, i + 1], dtype=np.int32))])
+
+
+def _finish(request: InferenceRequest, response: InferenceResponse) -> InferenceResponse:
+    return response
+
+
+def _run(tracer: Tracer, i: int, executed: bool = True) -> None:
+    request = _request(i)
+    trace = tracer.sample("m", 1, request)
+    if trace is None:
+        return
+    pending = Pending(request, 1, _finish)
+    if executed:
+        t = pending.enqueued_ns
+        pending.exec_ns = (t + 1, t + 2, t + 3, t + 4)
+    out = InferenceResponse(outputs=[Tensor("OUT", "BYTES", [1], np.array([b"x"], dtype=object))])
+    tracer.complete(trace, pending, out)
+
+
+async def test_rate_count_and_log_frequency_files(tmp_path):
+    settings = TraceSettings()
+    settings.update("", {"trace_level": ["TIMESTAMPS"], "trace_rate": "2", "trace_count": "3",
+                         "trace_file": str(tmp_path / "t.json"), "log_frequency": "2"})
+    tracer = Tracer(settings)
+    for i in range(10):
+        _run(tracer, i)
+    tracer.close()
+    first = json.loads((tmp_path / "t.json.0").read_text())
+    second = json.loads((tmp_path / "t.json.1").read_text())
+    heads = [e for e in first + second if "model_name" in e]
+    assert [h["request_id"] for h in heads] == ["r1", "r3", "r5"]  # every 2nd request, 3 in all
+    assert heads[0] == {"id": heads[0]["id"], "model_name": "m", "model_version": 1, "request_id": "r1",
+                        "parent_id": 0}
+    stamps = [e["timestamps"] for e in first if "timestamps" in e][0]
+    assert [s["name"] for s in stamps] == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+                                           "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
+    assert tracer.written == 3
+
+
+async def test_off_and_no_file_trace_nothing(tmp_path):
+    settings = TraceSettings()
+    tracer = Tracer(settings)
+    assert tracer.sample("m", 1, _request(0)) is None  # OFF by default
+    settings.update("", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    assert tracer.sample("m", 1, _request(0)) is None  # no trace_file in triton mode
+
+
+async def test_model_settings_and_tensors_and_unexecuted_requests(tmp_path):
+    settings = TraceSettings()
+    settings.update("", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1000", "trace_file": str(tmp_path / "g.json")})
+    settings.update("m", {"trace_level": ["TENSORS"], "trace_rate": "1", "trace_file": str(tmp_path / "m.json")})
+    tracer = Tracer(settings)
+    _run(tracer, 7)
+    _run(tracer, 8, executed=False)  # e.g. cancelled while queued: no compute timestamps
+    assert tracer.sample("other", 1, _request(0)) is None  # global rate 1000
+    tracer.close()
+    entries = json.loads((tmp_path / "m.json").read_text())
+    tensors = [e for e in entries if "activity" in e]
+    assert {"id": tensors[0]["id"], "activity": "TENSOR_QUEUE_INPUT",
+            "tensor": {"name": "IN", "data": "7,8", "shape": "2", "dtype": "INT32"}} in tensors
+    assert any(e["activity"] == "TENSOR_BACKEND_OUTPUT" and e["tensor"]["data"] == "x" for e in tensors)
+    stamps = [e["timestamps"] for e in entries if "timestamps" in e]
+    assert [s["name"] for s in stamps[1]] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    assert not (tmp_path / "g.json").exists()
+
+
+async def test_settings_change_flushes_and_restarts_count(tmp_path):
+    settings = TraceSettings()
+    settings.update("", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": str(tmp_path / "a.json")})
+    tracer = Tracer(settings)
+    _run(tracer, 0)
+    settings.update("", {"trace_file": str(tmp_path / "b.json")})
+    _run(tracer, 1)
+    assert [e["request_id"] for e in json.loads((tmp_path / "a.json").read_text()) if "model_name" in e] == ["r0"]
+    tracer.close()
+    assert [e["request_id"] for e in json.loads((tmp_path / "b.json").read_text()) if "model_name" in e] == ["r1"]
