@@ -20,10 +20,19 @@ Cancellation: a cancelled request reaching the front of its sequence is dropped,
 sequence's other queued requests are answered CANCELLED and the sequence is released (as
 Triton cancels a sequence's pending requests).
 
+Null requests (direct strategy, batching models): every sequence keeps its batch index (its
+slot) for its whole life. The instance sees the batch padded up to the highest slot with a
+request; a slot below it without one carries a null request (:func:`.state.null_inputs`:
+zero inputs shaped like a real request of the batch, READY/START/END false, CORRID 0, no
+parameters, so the Python backend shows ``correlation_id() == 0`` and ``flags() == 0``). The
+Python backend receives null requests as requests (as Triton's does); framework backends get
+them as rows of the merged batch. Their responses (and anything sent through their response
+sender) are discarded and they are not counted in the statistics (Triton does not collect
+statistics for null requests). Oldest batches are never padded.
+
 Not done here: the rate limiter (``--rate-limit``) does not gate sequence batches; decoupled
-models get control tensors but no implicit state; idle direct slots are not padded with
-Triton's null requests (a batch holds only slots with a request); instance counts cannot
-change in place (the model reloads).
+models get control tensors but no implicit state; instance counts cannot change in place (the
+model reloads).
 """
 
 from __future__ import annotations
@@ -40,9 +49,11 @@ import trio
 
 from trident.batching.scheduler import ExecuteBatch, Schedulable, Scheduler
 from trident.batching.sequence_rules import (
+    DIRECT,
     Sequence,
     SequenceRules,
     choose_batch,
+    direct_layout,
     free_slot,
     idle_expired,
     next_idle_deadline,
@@ -55,9 +66,10 @@ from trident.batching.state import (
     SequenceState,
     control_tensor,
     controls_of,
+    null_inputs,
     states_of,
 )
-from trident.errors import Code, TritonError, invalid_arg
+from trident.errors import Code, TritonError, internal, invalid_arg
 from trident.protocol.generated.inference import ModelConfig
 from trident.types import InferenceRequest, InferenceResponse, RequestedOutput
 
@@ -72,28 +84,76 @@ def sequence_key(request: InferenceRequest) -> int | str | None:
     return sid
 
 
-class _SequenceInstance:
-    """An instance seen through the sequence batcher: keeps state outputs, restores requests."""
+class NullResponder:
+    """The responder of a null request: whatever the model sends for it is discarded."""
 
-    def __init__(self, inner: Any, state: SequenceState) -> None:
+    def __init__(self) -> None:
+        self.complete = False
+        self.sent = 0
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def send(self, response: InferenceResponse | None, final: bool) -> None:
+        """Discard ``response``. Raises TritonError(INTERNAL) after the final one (as Responder)."""
+        if self.complete:
+            raise internal("the request has already been completed (a final response was sent)")
+        self.sent += 1
+        self.complete = final
+
+
+class _SequenceInstance:
+    """An instance seen through the sequence batcher: pads direct batches with null requests,
+    keeps state outputs, restores requests."""
+
+    def __init__(self, inner: Any, state: SequenceState,
+                 make_null: Callable[[InferenceRequest, int], InferenceRequest] | None = None) -> None:
         self.inner = inner
         self.state = state
+        self.make_null = make_null
         #: id(request) -> (number of client inputs, client's requested outputs)
         self.originals: dict[int, tuple[int, list[RequestedOutput]]] = {}
+        #: id(request) -> its slot (direct batches of batching models)
+        self.slots: dict[int, int] = {}
+
+    def padded(self, requests: list[InferenceRequest]) -> tuple[list[InferenceRequest], list[bool]]:
+        """``requests`` at their slots' batch indexes with null requests between them, and
+        which entries are real (READY)."""
+        slots = [self.slots.pop(id(r), None) for r in requests]
+        if self.make_null is None or not requests or None in slots:
+            return list(requests), [True] * len(requests)
+        layout = direct_layout([s for s in slots if s is not None])
+        template = requests[0]
+        n = self.originals.get(id(template), (len(template.inputs), []))[0]
+        batch = [requests[i] if i is not None else self.make_null(template, n) for i in layout]
+        return batch, [i is not None for i in layout]
 
     def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse] | None:
+        batch, real = self.padded(requests)
         try:
-            responses = self.inner.execute(requests)
+            responses = self.inner.execute(batch)
         finally:
             for r in requests:
                 n, outputs = self.originals.pop(id(r), (len(r.inputs), r.outputs))
                 del r.inputs[n:]
                 r.outputs = outputs
-        if responses is not None and self.state.specs:
+        if responses is None:
+            return None
+        if len(responses) == len(batch):
+            responses = [response for response, ready in zip(responses, real, strict=True) if ready]
+        if self.state.specs:
             for r, response in zip(requests, responses, strict=False):
                 if response.error is None:
                     response.outputs = self.state.capture(sequence_key(r), response.outputs)
         return responses
+
+    def forget(self, request: InferenceRequest) -> None:
+        """Drop what was kept for ``request`` (it did not reach :meth:`execute`)."""
+        self.slots.pop(id(request), None)
+        kept = self.originals.pop(id(request), None)
+        if kept is not None:
+            del request.inputs[kept[0]:]
+            request.outputs = kept[1]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -162,7 +222,9 @@ class SequenceScheduler(Scheduler):
         """Serve batches on ``instances`` and reap idle sequences until cancelled."""
         self.rows = [[None] * self.rules.slots for _ in instances]
         self._locks = [trio.Lock() for _ in instances]
-        self._wrapped = [_SequenceInstance(instance, self.state) for instance in instances]
+        pad = self.rules.strategy == DIRECT and self.batching
+        self._wrapped = [_SequenceInstance(instance, self.state, self._null_request if pad else None)
+                         for instance in instances]
         async with trio.open_nursery() as nursery:
             for i in range(len(instances)):
                 nursery.start_soon(self._worker, i, execute)
@@ -211,6 +273,7 @@ class SequenceScheduler(Scheduler):
             finally:
                 now = trio.current_time()
                 for seq, pending in members:
+                    self._wrapped[index].forget(pending.request)  # e.g. dropped as cancelled
                     seq.running = False
                     seq.last = now
                     if pending.request.parameters.get("sequence_end") and not seq.queue:
@@ -237,6 +300,7 @@ class SequenceScheduler(Scheduler):
                 pending.responder.send(InferenceResponse(error=error), final=True)
                 continue
             wrapped.originals[id(request)] = (len(request.inputs), list(request.outputs))
+            wrapped.slots[id(request)] = slot
             request.inputs.extend(extra)
             if self.state.specs and request.outputs:
                 request.outputs = [*request.outputs, *(RequestedOutput(n) for n in self.state.output_names)]
@@ -255,6 +319,15 @@ class SequenceScheduler(Scheduler):
         if self.state.specs:
             extra.extend(self.state.tensors(seq.id, start))
         return extra
+
+    def _null_request(self, template: InferenceRequest, client_inputs: int) -> InferenceRequest:
+        """A null request shaped like ``template`` (whose first ``client_inputs`` inputs are the
+        client's): see the module docstring."""
+        inputs = null_inputs(template.inputs[:client_inputs], self.controls, self.state, self.batching)
+        request = InferenceRequest(template.model_name, inputs, model_version=template.model_version,
+                                   outputs=list(template.outputs))
+        request.responder = NullResponder()
+        return request
 
     def _cancel_sequence(self, seq: Sequence, first: Any) -> None:
         self.on_drop(first)

@@ -9,7 +9,10 @@ Triton's sequence batcher (core ``src/sequence_batch_scheduler/``), as trident d
 * **direct**: an instance has ``max_batch_size`` slots (one per batch position); a batch
   takes the front request of every slot whose sequence has one (:func:`ready_mask`), in slot
   order; with ``minimum_slot_utilization`` and ``max_queue_delay_microseconds`` it waits for
-  enough ready slots until the oldest front request has waited the delay;
+  enough ready slots until the oldest front request has waited the delay; a sequence keeps
+  its batch index (= its slot) for its whole life: :func:`direct_layout` pads the slots below
+  the highest one with a request with null requests (READY false), and leaves out the idle
+  slots above it;
 * **oldest**: an instance holds up to ``max_candidate_sequences`` sequences; a batch takes
   the front requests of the sequences whose fronts are oldest, one request per sequence, up to
   ``max_batch_size``, sent at once when a preferred size (the largest reachable) or the
@@ -29,6 +32,7 @@ from trident.protocol.generated.inference import ModelConfig
 DIRECT = "direct"
 OLDEST = "oldest"
 DEFAULT_IDLE_SECONDS = 1.0
+_SLACK = 1e-9  # seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,24 @@ def ready_mask(row: Row) -> list[bool]:
     return [s is not None and bool(s.queue) and not s.running for s in row]
 
 
+def direct_layout(slots: list[int]) -> list[int | None]:
+    """The batch of a direct instance whose requests sit in ``slots`` (one slot per request,
+    in request order): entry ``b`` is the index in ``slots`` of the request at batch index
+    ``b`` (which is slot ``b``), or None where slot ``b`` has no request — a null request,
+    READY false. Slots above the highest one with a request are not sent; ``[]`` for no slots.
+
+    Raises ValueError when a slot is negative or appears twice.
+    """
+    if not slots:
+        return []
+    if min(slots) < 0 or len(set(slots)) != len(slots):
+        raise ValueError(f"direct batch slots must be distinct and non-negative, got {slots}")
+    layout: list[int | None] = [None] * (max(slots) + 1)
+    for index, slot in enumerate(slots):
+        layout[slot] = index
+    return layout
+
+
 def choose_batch(row: Row, rules: SequenceRules, now: float) -> tuple[list[int], float | None]:
     """The slots whose front requests form the next batch of an idle instance, or ``([],
     wait)``: look again after ``wait`` seconds (None: only when something changes)."""
@@ -110,7 +132,9 @@ def choose_batch(row: Row, rules: SequenceRules, now: float) -> tuple[list[int],
     oldest = min(t for t in fronts.values() if t is not None)
     elapsed = now - oldest
     delay = rules.delay
-    due = delay <= 0 or elapsed >= delay
+    # 1 ns of slack: ``now - oldest`` can fall short of ``delay`` by a rounding error after a
+    # wait of exactly ``delay - elapsed``, and waiting for that error would never end
+    due = delay <= 0 or elapsed >= delay - _SLACK
     if rules.strategy == DIRECT:
         if due or len(ready) >= rules.min_utilization * rules.slots:
             return ready, None

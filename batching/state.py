@@ -13,6 +13,12 @@ the state output from the client's response. The first request of a sequence get
 ``initial_state`` (``zero_data``, or ``data_file`` under ``<model>/initial_state/``) or zeros
 (Triton leaves it uninitialized; variable dimensions become 1).
 
+:func:`null_inputs` gives the inputs of a null request (the padding of an idle slot of a
+direct batch, see :mod:`.sequence_rules`): the client inputs of a real request of the batch
+zero-filled (BYTES: empty strings), START, END and READY false, CORRID 0 (empty for a string
+CORRID: a null request belongs to no sequence, as in Triton, where the model cannot assume that
+any input of a not-ready slot is meaningful) and the initial state.
+
 :func:`with_sequence_io` gives framework backends the config they run with: the model's
 inputs plus the control and state inputs, its outputs plus the state outputs.
 """
@@ -135,6 +141,24 @@ def control_tensor(control: Control, value: object, batching: bool) -> Tensor:
     return Tensor(control.name, control.datatype, shape, data)
 
 
+def null_inputs(client_inputs: list[Tensor], controls: list[Control], state: SequenceState,
+                batching: bool) -> list[Tensor]:
+    """The inputs of a null request shaped like a request whose own inputs are ``client_inputs``."""
+    out = []
+    for t in client_inputs:
+        if t.datatype == "BYTES":
+            data = np.empty(t.shape, dtype=object)
+            data[...] = b""
+        else:
+            data = np.zeros(t.shape, dtype=t.data.dtype)
+        out.append(Tensor(t.name, t.datatype, tuple(t.shape), data))
+    for c in controls:
+        value: object = ("" if c.datatype == "BYTES" else 0) if c.kind == CORRID else False
+        out.append(control_tensor(c, value, batching))
+    out.extend(state.initial_tensors())
+    return out
+
+
 def with_sequence_io(config: ModelConfig) -> ModelConfig:
     """``config`` plus its control and state inputs and state outputs (for framework backends).
 
@@ -180,6 +204,14 @@ class SequenceState:
             array = values.get(spec.input_name)
             if array is None:
                 array = spec.initial[None, ...] if self.batching else spec.initial
+            out.append(Tensor(spec.input_name, spec.datatype, tuple(int(d) for d in array.shape), array))
+        return out
+
+    def initial_tensors(self) -> list[Tensor]:
+        """The initial state inputs (what a null request gets; nothing is kept)."""
+        out = []
+        for spec in self.specs:
+            array = spec.initial[None, ...] if self.batching else spec.initial
             out.append(Tensor(spec.input_name, spec.datatype, tuple(int(d) for d in array.shape), array))
         return out
 

@@ -9,6 +9,6 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 BENCH=${BENCH:-$HERE/../../../shared/bench}
 OUT=${1:?usage: compare_triton.sh OUT [CASES]}
-TRIDENT=${TRIDENT:-$(command -v trident)}
+TRIDENT=${TRIDENT:-$(command -v trident || echo "$HERE/../../.venv/bin/trident")}
 SERVERS=${SERVERS:-"trident triton"} TRIDENT=$TRIDENT CASES=${2:-addsub,small,large} \
   DURATION=${DURATION:-10} QUIET_WAIT=${QUIET_WAIT:-30} bash "$BENCH/run_all.sh" "$OUT"

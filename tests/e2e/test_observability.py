@@ -184,7 +184,7 @@ def test_bad_metrics_and_trace_config_fail_at_startup(tmp_path):
     from e2e.conftest import start_server
 
     for flags in (("--metrics-config", "summary_latencies=maybe"), ("--trace-config", "level=LOUD"),
-                  ("--trace-config", "mode=opentelemetry")):
+                  ("--trace-config", "opentelemetry,colour=blue")):
         with pytest.raises(RuntimeError, match="trident exited with 2") as e:
             start_server(*flags)
         assert "metrics-config" in str(e.value) or "trace-config" in str(e.value)

@@ -195,8 +195,8 @@ async def test_interleaved_sequences_keep_their_state_and_share_batches(autojump
     first = batches[0]
     assert [(c["START"], c["END"], c["READY"]) for c in first] == [(1, 0.0, True), (1, 0.0, True)]
     assert first[0]["shape"] == (1, 1)
-    last = batches[-1]
-    assert all(c["END"] == 1.0 and c["START"] == 0 for c in last)
+    last = [c for c in batches[-1] if c["READY"]]  # a null request pads an idle slot below a busy one
+    assert last and all(c["END"] == 1.0 and c["START"] == 0 for c in last)
     assert h.scheduler.sequences == {} and h.scheduler.queued() == 0  # END released the slots
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -23,12 +24,18 @@ def test_parse_trace_config():
     assert parse_trace_config(["triton,file=/tmp/a,b=c.json"])[0] == {"trace_file": "/tmp/a,b=c.json"}
 
 
-@pytest.mark.parametrize("entry", ["rate", "rate=x", "level=LOUD", "bogus=1", "triton,url=x", "opentelemetry,file=x",
-                                   "mode=opentelemetry"])
+@pytest.mark.parametrize("entry", ["rate", "rate=x", "level=LOUD", "bogus=1", "triton,url=x", "opentelemetry,file=x"])
 def test_parse_trace_config_rejects(entry):
-    # mode=opentelemetry: rejected here because the opentelemetry packages are not installed
     with pytest.raises(ValueError):
         parse_trace_config([entry])
+
+
+def test_opentelemetry_mode_needs_its_packages(monkeypatch):
+    assert parse_trace_config(["mode=opentelemetry"])[0]["trace_mode"] == "opentelemetry"  # installed here
+    # a host without them: the import fails and the option is refused with the packages' names
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
+    with pytest.raises(ValueError, match="opentelemetry-sdk"):
+        parse_trace_config(["mode=opentelemetry"])
 
 
 def _request(i: int) -> InferenceRequest:
