@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from trident.errors import TritonError
 from trident.protocol import datatypes
-
-if TYPE_CHECKING:
-    pass
 
 ParamValue = bool | int | float | str
 
