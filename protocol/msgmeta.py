@@ -244,10 +244,8 @@ def _short(raw: Any) -> str:
 
 
 def _int_from_json(raw: Any, field: FieldInfo, path: str) -> int:
-    value: int | None = None
-    if isinstance(raw, bool):
-        pass
-    elif isinstance(raw, int):
+    value: int | None = None  # stays None for bools and non-integral values
+    if isinstance(raw, int) and not isinstance(raw, bool):
         value = raw
     elif isinstance(raw, float) and raw.is_integer():
         value = int(raw)

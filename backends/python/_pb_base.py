@@ -9,6 +9,7 @@ on the call stack (threads the model starts itself), then the process default.
 
 from __future__ import annotations
 
+import abc
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -23,9 +24,10 @@ class TritonModelException(Exception):
 
 
 
-class _Runtime:
+class _Runtime(abc.ABC):
     """What pb_utils asks of the server that loaded the model (see the module docstring)."""
 
+    @abc.abstractmethod
     def bls(self, request: InferenceRequest, decoupled: bool, parents: Sequence[Any]) -> Iterator[InferenceResponse]:
         """Start a BLS request; iterate the callee's responses (errors as error responses).
 
@@ -34,15 +36,19 @@ class _Runtime:
         """
         raise NotImplementedError
 
+    @abc.abstractmethod
     def load_model(self, model_name: str, config: str, files: dict[str, bytes] | None) -> None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def unload_model(self, model_name: str, unload_dependents: bool) -> None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def is_model_ready(self, model_name: str, model_version: str) -> bool:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def metrics(self) -> Any:
         """The custom-metrics registry (``acquire_family`` / ``release_family``)."""
         raise NotImplementedError
