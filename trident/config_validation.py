@@ -242,6 +242,10 @@ def _validate_ensemble(config: ModelConfig) -> None:
                 )
             produced.add(tensor)
         consumed.update(step.input_map.values())
+    cycle = find_cycle([(dict(s.input_map), dict(s.output_map)) for s in steps])
+    if cycle is not None:
+        models = " -> ".join(f"step {i} (model '{steps[i].model_name}')" for i in cycle)
+        raise invalid_arg(f"in ensemble '{name}', circular dependency between steps: {models}")
     tensors = produced | consumed
     ready = {i.name for i in config.input}
     for tensor in ready:
@@ -265,6 +269,39 @@ def _validate_ensemble(config: ModelConfig) -> None:
     for tensor in sorted(tensors - outputs):
         if tensor not in ready or tensor not in consumed:
             raise invalid_arg(f"ensemble tensor '{tensor}' is unused in ensemble '{name}'")
+
+
+def find_cycle(steps: list[tuple[dict[str, str], dict[str, str]]]) -> list[int] | None:
+    """Indices of steps that form a cycle through their tensors (first step repeated last), or None.
+
+    ``steps`` holds each step's (input_map, output_map).
+    """
+    producer = {tensor: i for i, (_, outputs) in enumerate(steps) for tensor in outputs.values()}
+    edges = [sorted({producer[t] for t in inputs.values() if t in producer}) for inputs, _ in steps]
+    state = [0] * len(steps)  # 0 new, 1 on the path, 2 done
+    path: list[int] = []
+
+    def visit(i: int) -> list[int] | None:
+        state[i] = 1
+        path.append(i)
+        for j in edges[i]:
+            if state[j] == 1:
+                return [*path[path.index(j):], j]
+            if state[j] == 0:
+                found = visit(j)
+                if found is not None:
+                    return found
+        path.pop()
+        state[i] = 2
+        return None
+
+    for i in range(len(steps)):
+        if state[i] == 0:
+            found = visit(i)
+            if found is not None:
+                return list(reversed(found))  # producer before consumer
+    return None
+
 
 
 def _validate_io_shape(io: ModelInput | ModelOutput, max_batch_size: int, prefix: str) -> None:

@@ -29,6 +29,40 @@ if TYPE_CHECKING:
 FLAG_ONLY = "triton_flag_only"
 
 
+class Window:
+    """A bound on a request's unconsumed responses that blocks sending threads (back-pressure).
+
+    Every delivered response enters the window (:meth:`enter`); the consumer calls
+    :meth:`leave` once it has handled one, and :meth:`close` when it stops consuming (every
+    waiting thread is let through). A thread that may wait blocks while ``size`` responses are
+    unconsumed; a wait longer than ``timeout`` seconds proceeds anyway, as Triton's ensemble
+    step limiter does, so a stuck consumer cannot hang a model forever.
+    """
+
+    def __init__(self, size: int, timeout: float = 5.0) -> None:
+        self.size = size
+        self.unconsumed = 0
+        self._timeout = timeout
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def enter(self, wait: bool) -> None:
+        with self._cond:
+            if wait:
+                self._cond.wait_for(lambda: self._closed or self.unconsumed < self.size, timeout=self._timeout)
+            self.unconsumed += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self.unconsumed = max(0, self.unconsumed - 1)
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
 class Responder:
     """Where a request's responses go. ``send`` may be called from any thread.
 
@@ -47,15 +81,18 @@ class Responder:
         self.complete = False
         self.sent = 0
         self.undelivered = 0
+        self.window = Window(request.response_window) if request.response_window > 0 else None
 
     def is_cancelled(self) -> bool:
         return self._request.cancelled
 
-    def send(self, response: InferenceResponse | None, final: bool) -> None:
+    def send(self, response: InferenceResponse | None, final: bool, *, blocking: bool = True) -> None:
         """Deliver one response (``None`` with ``final`` = flag-only completion).
 
-        Raises TritonError(INTERNAL) when the request already completed. A response for a
-        client that went away is discarded silently.
+        With a response window (``request.response_window``) a call from a thread other than
+        trio's blocks while the window is full, unless ``blocking`` is false (a reader thread
+        shared by many requests must not block). Raises TritonError(INTERNAL) when the
+        request already completed. A response for a client that went away is discarded silently.
         """
         if self.complete:
             raise internal("the request has already been completed (a final response was sent)")
@@ -69,8 +106,12 @@ class Responder:
             self.complete = True
         self.sent += 1
         if threading.get_ident() == self._trio_thread:
+            if self.window is not None:
+                self.window.enter(wait=False)
             self._deliver(response)
         else:
+            if self.window is not None:
+                self.window.enter(wait=blocking and not final)
             try:
                 trio.from_thread.run_sync(self._deliver, response, trio_token=self._token)
             except trio.RunFinishedError:

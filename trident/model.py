@@ -45,7 +45,7 @@ SendResponse = Callable[[InferenceResponse], Awaitable[None]]
 READY_PROBE_TIMEOUT_SECS = 5.0  # Triton's timeout for a model's is_ready()
 
 
-class _TensorSpec:
+class TensorSpec:
     __slots__ = ("name", "datatype", "dims", "optional", "labels")
 
     def __init__(self, name: str, datatype: str, dims: list[int], optional: bool = False) -> None:
@@ -109,12 +109,12 @@ class ModelVersion:
         self.scheduler: Scheduler = make_scheduler(config, self.on_drop, rate_limiter=rate_limiter,
                                                    model_dir=model_dir)
         self.inputs = {
-            i.name: _TensorSpec(i.name, cfg.api_datatype(i.data_type), list(i.dims), bool(i.optional))
+            i.name: TensorSpec(i.name, cfg.api_datatype(i.data_type), list(i.dims), bool(i.optional))
             for i in config.input
         }
-        self.outputs: dict[str, _TensorSpec] = {}
+        self.outputs: dict[str, TensorSpec] = {}
         for o in config.output:
-            spec = _TensorSpec(o.name, cfg.api_datatype(o.data_type), list(o.dims))
+            spec = TensorSpec(o.name, cfg.api_datatype(o.data_type), list(o.dims))
             if o.label_filename:
                 spec.labels = (model_dir / o.label_filename).read_text().splitlines()
             self.outputs[o.name] = spec
@@ -307,6 +307,7 @@ class ModelVersion:
                 self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=REJECTED)
                 raise
             first = True
+            window = pending.responder.window
             async with pending.receive:
                 async for response in pending.receive:
                     if first and pending.turn is not None:
@@ -319,6 +320,8 @@ class ModelVersion:
                     first = False
                     last = response
                     await send(response)
+                    if window is not None:
+                        window.leave()
                     if response.final:
                         self._record(pending, response.error)
                         if key is not None and response.error is None:
@@ -333,6 +336,8 @@ class ModelVersion:
                 self._tracer.complete(trace, pending, last)
             if pending.turn is not None:
                 pending.turn.finish()
+            if pending.responder.window is not None:
+                pending.responder.window.close()
             self.inflight -= 1
             if self.inflight == 0:
                 self._idle.set()
@@ -364,6 +369,8 @@ class ModelVersion:
             self.stats.record_failure(request_ns, reason=REJECTED if rejected else BACKEND)
             return
         start, infer_start, infer_end, end = pending.exec_ns or (now, now, now, now)
+        if pending.request.stats_sink is not None:
+            pending.request.stats_sink.add(infer_start - start, infer_end - infer_start, end - infer_end)
         self.stats.record_success(request_ns, start - pending.enqueued_ns, infer_start - start,
                                   infer_end - infer_start, end - infer_end)
         if self.latency is not None:
@@ -375,61 +382,69 @@ class ModelVersion:
 
         Raises TritonError(INVALID_ARG) with Triton's wording.
         """
-        name = self.name
-        seen: set[str] = set()
-        batch = 1 if self.max_batch_size <= 0 else -1
-        for tensor in request.inputs:
-            spec = self.inputs.get(tensor.name)
-            if spec is None:
-                raise invalid_arg(f"unexpected inference input '{tensor.name}' for model '{name}'")
-            if tensor.name in seen:
-                raise invalid_arg(f"input '{tensor.name}' is specified more than once for model '{name}'")
-            seen.add(tensor.name)
-            if tensor.datatype != spec.datatype:
-                raise invalid_arg(
-                    f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
-                    f"but model '{name}' expects '{spec.datatype}'"
-                )
-            shape = list(tensor.shape)
-            dims = shape
-            if self.max_batch_size > 0:
-                if not shape:
-                    raise invalid_arg(
-                        f"input '{tensor.name}' for model '{name}' has no batch dimension (max_batch_size "
-                        f"{self.max_batch_size}); expected shape {[-1, *spec.dims]}"
-                    )
-                if batch == -1:
-                    batch = shape[0]
-                elif shape[0] != batch:
-                    raise invalid_arg(f"input '{tensor.name}' batch size does not match other inputs for '{name}'")
-                dims = shape[1:]
-            if not _dims_match(dims, spec.dims):
-                expected = [-1, *spec.dims] if self.max_batch_size > 0 else spec.dims
-                raise invalid_arg(
-                    f"unexpected shape for input '{tensor.name}' for model '{name}'. "
-                    f"Expected {_fmt(expected)}, got {_fmt(shape)}"
-                )
-            if tensor.data.shape != tuple(tensor.shape) and tensor.data.size != int(np.prod(tensor.shape)):
-                raise invalid_arg(f"input '{tensor.name}' data does not match its shape {_fmt(shape)}")
-        missing = [n for n, s in self.inputs.items() if n not in seen and not s.optional]
-        if missing:
-            got = sorted(seen)
+        return validate_request(self.name, self.max_batch_size, self.inputs, self.outputs, request)
+
+
+def validate_request(name: str, max_batch_size: int, inputs: dict[str, TensorSpec],
+                     outputs: dict[str, TensorSpec], request: InferenceRequest) -> int:
+    """Check ``request`` against a model's inputs and outputs; return its batch size.
+
+    Raises TritonError(INVALID_ARG) with Triton's wording.
+    """
+    seen: set[str] = set()
+    batch = 1 if max_batch_size <= 0 else -1
+    for tensor in request.inputs:
+        spec = inputs.get(tensor.name)
+        if spec is None:
+            raise invalid_arg(f"unexpected inference input '{tensor.name}' for model '{name}'")
+        if tensor.name in seen:
+            raise invalid_arg(f"input '{tensor.name}' is specified more than once for model '{name}'")
+        seen.add(tensor.name)
+        if tensor.datatype != spec.datatype:
             raise invalid_arg(
-                f"expected {len(self.inputs)} inputs but got {len(seen)} inputs for model '{name}'. "
-                f"Got input(s) {got}, but missing required input(s) {missing}. Please provide all required input(s)."
+                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
+                f"but model '{name}' expects '{spec.datatype}'"
             )
-        if self.max_batch_size > 0:
-            if batch < 1 and request.inputs:
-                raise invalid_arg(f"inference request batch-size must be >= 1 for '{name}'")
-            if batch > self.max_batch_size:
-                raise invalid_arg(f"inference request batch-size must be <= {self.max_batch_size} for '{name}'")
-        for wanted in request.outputs:
-            if wanted.name not in self.outputs:
-                raise invalid_arg(f"unexpected inference output '{wanted.name}' for model '{name}'")
-            k = wanted.parameters.get("classification")
-            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
-                raise invalid_arg(f"classification parameter of output '{wanted.name}' must be a non-negative integer")
-        return max(batch, 1)
+        shape = list(tensor.shape)
+        dims = shape
+        if max_batch_size > 0:
+            if not shape:
+                raise invalid_arg(
+                    f"input '{tensor.name}' for model '{name}' has no batch dimension (max_batch_size "
+                    f"{max_batch_size}); expected shape {[-1, *spec.dims]}"
+                )
+            if batch == -1:
+                batch = shape[0]
+            elif shape[0] != batch:
+                raise invalid_arg(f"input '{tensor.name}' batch size does not match other inputs for '{name}'")
+            dims = shape[1:]
+        if not _dims_match(dims, spec.dims):
+            expected = [-1, *spec.dims] if max_batch_size > 0 else spec.dims
+            raise invalid_arg(
+                f"unexpected shape for input '{tensor.name}' for model '{name}'. "
+                f"Expected {_fmt(expected)}, got {_fmt(shape)}"
+            )
+        if tensor.data.shape != tuple(tensor.shape) and tensor.data.size != int(np.prod(tensor.shape)):
+            raise invalid_arg(f"input '{tensor.name}' data does not match its shape {_fmt(shape)}")
+    missing = [n for n, s in inputs.items() if n not in seen and not s.optional]
+    if missing:
+        got = sorted(seen)
+        raise invalid_arg(
+            f"expected {len(inputs)} inputs but got {len(seen)} inputs for model '{name}'. "
+            f"Got input(s) {got}, but missing required input(s) {missing}. Please provide all required input(s)."
+        )
+    if max_batch_size > 0:
+        if batch < 1 and request.inputs:
+            raise invalid_arg(f"inference request batch-size must be >= 1 for '{name}'")
+        if batch > max_batch_size:
+            raise invalid_arg(f"inference request batch-size must be <= {max_batch_size} for '{name}'")
+    for wanted in request.outputs:
+        if wanted.name not in outputs:
+            raise invalid_arg(f"unexpected inference output '{wanted.name}' for model '{name}'")
+        k = wanted.parameters.get("classification")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise invalid_arg(f"classification parameter of output '{wanted.name}' must be a non-negative integer")
+    return max(batch, 1)
 
 
 def _dims_match(shape: list[int], dims: list[int]) -> bool:

@@ -5,28 +5,33 @@ Every loaded :class:`~trident.model.ModelVersion` runs as a task in the reposito
 selected version and only then swaps them in, so a failed (re)load leaves the versions that
 were serving untouched and a successful one loses no availability. A reload whose only change
 is instance counts (same files, same versions) is applied to the serving versions in place.
-Unloading drains. The repository also owns the server-wide rate limiter (``--rate-limit``) and
+Unloading drains. An ensemble loads after its composing models (loading them first when they
+have not been loaded; a circular dependency between ensembles fails the load), and unloading
+it with ``unload_dependents`` unloads the composing models no other ensemble uses. The
+repository also owns the server-wide rate limiter (``--rate-limit``) and
 response cache (``--cache-config``) its model versions share.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import trio
 
 from trident import config as cfg
 from trident.backends import Backend, backend_name_for, get_backend
 from trident.batching.cache import ResponseCache, parse_cache_config
+from trident.batching.ensemble import EnsembleVersion
 from trident.batching.instances import counts_only_change
 from trident.batching.rate_limiter import RateLimiter
-from trident.config_validation import validate_config
+from trident.config_validation import ENSEMBLE_PLATFORM, validate_config
 from trident.devices import gpu_count
 from trident.errors import TritonError, invalid_arg, not_found, unavailable, unsupported
 from trident.model import ModelVersion
@@ -36,6 +41,9 @@ if TYPE_CHECKING:
     from trident.options import ServerOptions
 
 log = logging.getLogger("trident.repository")
+
+#: what the repository serves: a model version, or an ensemble version that runs others
+Served: TypeAlias = ModelVersion | EnsembleVersion
 
 @dataclass
 class IndexEntry:
@@ -51,13 +59,15 @@ class IndexEntry:
 class _Record:
     name: str
     path: Path | None
-    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    versions: dict[int, Served] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason; -1: the whole model
     unloaded: set[int] = field(default_factory=set)
     fingerprint: tuple[Any, ...] = ()
     lock: trio.Lock = field(default_factory=trio.Lock)
     tmpdir: Path | None = None
     loading: bool = False
+    #: composing models (name, version string) when the record is a loaded ensemble
+    composing: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _without_config(fingerprint: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -146,9 +156,16 @@ class ModelRepository:
                 except TritonError as e:
                     log.error("%s", e.message)
 
-        async with trio.open_nursery() as nursery:
-            for name in names:
-                nursery.start_soon(load_one, name)
+        ensembles = set()
+        for name in names:
+            where = found.get(name)
+            if where is not None and await trio.to_thread.run_sync(_is_ensemble, where, self.options.model_config_name):
+                ensembles.add(name)
+        # composing models first; then ensembles, which load what they still need themselves
+        for phase in ([n for n in names if n not in ensembles], [n for n in names if n in ensembles]):
+            async with trio.open_nursery() as nursery:
+                for name in phase:
+                    nursery.start_soon(load_one, name)
 
     # ---- load / unload --------------------------------------------------------------------
 
@@ -167,7 +184,8 @@ class ModelRepository:
             raise invalid_arg(f"failed to load '{name}': file overrides need the 'config' parameter")
         await self._load(name, config, files)
 
-    async def _load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
+    async def _load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None,
+                    chain: tuple[str, ...] = ()) -> None:
         rec = self._records.get(name)
         if rec is None or rec.path is None:
             found = self.scan().get(name)
@@ -177,11 +195,12 @@ class ModelRepository:
         async with rec.lock:
             rec.loading = True
             try:
-                await self._load_locked(rec, config_json, files)
+                await self._load_locked(rec, config_json, files, (*chain, name))
             finally:
                 rec.loading = False
 
-    async def _load_locked(self, rec: _Record, config_json: str | None, files: dict[str, bytes] | None) -> None:
+    async def _load_locked(self, rec: _Record, config_json: str | None, files: dict[str, bytes] | None,
+                           chain: tuple[str, ...] = ()) -> None:
         name = rec.name
         started = time.monotonic()
         model_dir = rec.path
@@ -200,21 +219,28 @@ class ModelRepository:
                 raise invalid_arg(
                     f"at least one version must be available under the version policy of model '{name}'"
                 )
+            ensemble = config.platform == ENSEMBLE_PLATFORM
+            if ensemble:
+                await self._load_dependencies(name, config, chain)
         except TritonError as e:
             rec.failed = {-1: e.message}
             if tmpdir:
                 shutil.rmtree(tmpdir, ignore_errors=True)
             raise invalid_arg(f"load failed for model '{name}': {e.message}") from e
-        if not files and await self._update_in_place(rec, config, versions, model_dir):
+        if not ensemble and not files and await self._update_in_place(rec, config, versions, model_dir):
             log.info("successfully applied the instance counts of '%s' version(s) %s without reloading",
                      name, sorted(versions))
             return
-        fresh: dict[int, ModelVersion] = {}
+        fresh: dict[int, Served] = {}
         failures: dict[int, str] = {}
 
         async def start_version(v: int) -> None:
-            mv = ModelVersion(name, v, config, backend, model_dir, backend_config=self._backend_config(backend),
-                              server=self._server, rate_limiter=self.rate_limiter, cache=self.response_cache)
+            mv: Served
+            if backend is None:
+                mv = EnsembleVersion(name, v, copy.deepcopy(config), model_dir, resolve=self.get, server=self._server)
+            else:
+                mv = ModelVersion(name, v, config, backend, model_dir, backend_config=self._backend_config(backend),
+                                  server=self._server, rate_limiter=self.rate_limiter, cache=self.response_cache)
             load_started = time.monotonic()
             try:
                 await self._nursery.start(mv.run)
@@ -249,7 +275,37 @@ class ModelRepository:
         else:
             self._nursery.start_soon(self._unload_versions, list(old.values()), None)
         rec.tmpdir = tmpdir
+        rec.composing = [dep for mv in fresh.values() if isinstance(mv, EnsembleVersion) for dep in mv.composing()]
         log.info("successfully loaded '%s' version(s) %s in %.3f s", name, sorted(fresh), time.monotonic() - started)
+
+    async def _load_dependencies(self, name: str, config: ModelConfig, chain: tuple[str, ...]) -> None:
+        """Make sure every composing model of ensemble ``name`` is serving, loading those that
+        are not (a model that failed to load is retried only in explicit mode).
+
+        Raises TritonError(INVALID_ARG) for a circular dependency or a composing model that
+        cannot be loaded, with the reason.
+        """
+        assert config.ensemble_scheduling is not None
+        wanted = dict.fromkeys(step.model_name for step in config.ensemble_scheduling.step)
+        for dep in wanted:
+            if dep in chain:
+                cycle = " -> ".join(f"'{m}'" for m in (*chain[chain.index(dep):], dep))
+                raise invalid_arg(f"circular dependency between ensembles: {cycle}")
+            rec = self._records.get(dep)
+            if rec is not None and rec.loading:
+                async with rec.lock:  # another task is loading it: wait for that load
+                    pass
+            if rec is not None and rec.versions:
+                continue
+            if rec is not None and rec.failed and self.options.model_control_mode != "explicit":
+                reason = rec.failed.get(-1) or next(iter(rec.failed.values()))
+                raise invalid_arg(f"ensemble '{name}' depends on '{dep}' which failed to load: {reason}")
+            if (rec is None or rec.path is None) and dep not in self.scan():
+                raise invalid_arg(f"ensemble '{name}' depends on '{dep}' which is not found in the model repository")
+            try:
+                await self._load(dep, chain=chain)
+            except TritonError as e:
+                raise invalid_arg(f"ensemble '{name}' depends on '{dep}' which failed to load: {e.message}") from e
 
     async def _update_in_place(self, rec: _Record, config: ModelConfig, versions: list[int], model_dir: Path) -> bool:
         """Apply ``config`` to the serving versions when only instance counts changed.
@@ -258,6 +314,8 @@ class ModelRepository:
         another config field. Raises INVALID_ARG when an added instance fails to load.
         """
         serving = rec.versions
+        if any(isinstance(mv, EnsembleVersion) for mv in serving.values()):
+            return False
         if not serving or set(serving) != set(versions) or not rec.fingerprint or rec.tmpdir is not None:
             return False
         if not all(counts_only_change(mv.config, config) and mv.scheduler.supports_instance_update
@@ -274,8 +332,11 @@ class ModelRepository:
         rec.fingerprint = fingerprint
         return True
 
-    def _prepare_config(self, name: str, model_dir: Path, config_json: str | None) -> tuple[ModelConfig, Backend]:
+    def _prepare_config(self, name: str, model_dir: Path, config_json: str | None
+                        ) -> tuple[ModelConfig, Backend | None]:
         """Read, auto-complete, default and validate a model's config. Blocking (thread).
+
+        The backend is None for an ensemble (it has none; its steps are checked at load).
 
         Raises TritonError (INVALID_ARG with file:line:col for a bad config.pbtxt, UNSUPPORTED
         for an unknown backend).
@@ -285,6 +346,9 @@ class ModelRepository:
         # name, backend/platform from the files, version policy, instance groups...
         gpus = gpu_count()
         config = cfg.complete_defaults(config, name, gpu_count=gpus, model_dir=model_dir)
+        if config.platform == ENSEMBLE_PLATFORM or config.ensemble_scheduling is not None:
+            validate_config(config, name, model_dir, gpu_count=gpus)
+            return config, None
         backend = get_backend(backend_name_for(config.backend, config.platform))
         if not self.options.disable_auto_complete_config:
             versions = cfg.list_version_dirs(model_dir)
@@ -311,8 +375,26 @@ class ModelRepository:
         rec = self._records.get(name)
         if rec is None:
             raise invalid_arg(f"failed to unload '{name}', model is not found in the repository")
+        composing = list(rec.composing)
         async with rec.lock:
             await self._unload_record(rec)
+        if unload_dependents:
+            await self._unload_composing(composing)
+
+    async def _unload_composing(self, composing: list[tuple[str, str]]) -> None:
+        """Unload an unloaded ensemble's composing models that no serving ensemble still uses
+        (recursively through nested ensembles)."""
+        still_used = {dep for r in self._records.values() if r.versions for dep, _ in r.composing}
+        for dep in dict.fromkeys(n for n, _ in composing):
+            rec = self._records.get(dep)
+            if rec is None or dep in still_used or not rec.versions:
+                continue
+            nested = list(rec.composing)
+            async with rec.lock:
+                await self._unload_record(rec)
+            log.info("unloaded '%s', a composing model of an unloaded ensemble (unload_dependents)", dep)
+            if nested:
+                await self._unload_composing(nested)
 
     async def _unload_record(self, rec: _Record) -> None:
         started = time.monotonic()
@@ -321,10 +403,11 @@ class ModelRepository:
         rec.versions = {}
         rec.failed = {}
         tmp, rec.tmpdir = rec.tmpdir, None
+        rec.composing = []
         await self._unload_versions(old, tmp)
         log.info("successfully unloaded '%s' in %.3f s", rec.name, time.monotonic() - started)
 
-    async def _unload_versions(self, versions: list[ModelVersion], tmpdir: Path | None) -> None:
+    async def _unload_versions(self, versions: list[Served], tmpdir: Path | None) -> None:
         for mv in versions:
             mv.request_unload()
         for mv in versions:
@@ -372,7 +455,7 @@ class ModelRepository:
 
     # ---- lookups --------------------------------------------------------------------------
 
-    def get(self, name: str, version: str = "") -> ModelVersion:
+    def get(self, name: str, version: str = "") -> Served:
         """The serving version (highest READY one when ``version`` is "").
 
         Raises TritonError: NOT_FOUND for an unknown model or version, UNAVAILABLE for a
@@ -402,7 +485,7 @@ class ModelRepository:
     def names(self) -> list[str]:
         return sorted(self._records)
 
-    def serving(self) -> list[ModelVersion]:
+    def serving(self) -> list[Served]:
         return [mv for rec in self._records.values() for mv in rec.versions.values()]
 
     def all_ready(self) -> bool:
@@ -440,6 +523,15 @@ class ModelRepository:
                     continue
                 rows.append(IndexEntry(name, str(v), state, reason))
         return rows
+
+
+def _is_ensemble(model_dir: Path, config_name: str = "") -> bool:
+    """Whether the folder's config names an ensemble (a config that does not parse: no)."""
+    try:
+        config = cfg.read_model_config(model_dir, config_name=config_name)
+    except (TritonError, OSError):
+        return False
+    return config.platform == ENSEMBLE_PLATFORM or config.ensemble_scheduling is not None
 
 
 def _write_override_files(name: str, files: dict[str, bytes]) -> Path:

@@ -18,10 +18,9 @@ import trio
 import trident
 from trident.errors import TritonError, invalid_arg, not_found, unavailable, unsupported
 from trident.logs import LogSettings
-from trident.model import ModelVersion
 from trident.options import ServerOptions
 from trident.protocol.generated.inference import ModelConfig
-from trident.repository import IndexEntry, ModelRepository
+from trident.repository import IndexEntry, ModelRepository, Served
 from trident.stats import ModelStatistics
 from trident.trace import TraceSettings
 from trident.tracing import Tracer, parse_trace_config
@@ -91,7 +90,7 @@ class Server:
             return False
         return await mv.probe_ready()
 
-    def _get(self, name: str, version: str) -> ModelVersion:
+    def _get(self, name: str, version: str) -> Served:
         if not name:
             raise invalid_arg("model name is required")
         return self.repository.get(name, version)

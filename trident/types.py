@@ -81,6 +81,12 @@ class InferenceRequest:
     trace: Any = None
     #: where the request's responses go (trident.execution.Responder), set when it is queued
     responder: Any = None
+    #: also receives the compute durations of this request when it succeeds (an ensemble step
+    #: reports into its ensemble request; ``add(input_ns, infer_ns, output_ns)``)
+    stats_sink: Any = None
+    #: > 0: a decoupled model sending from its own thread blocks while this many of the
+    #: request's responses are waiting to be consumed (ensemble ``max_inflight_requests``)
+    response_window: int = 0
 
     def input(self, name: str) -> Tensor | None:
         for t in self.inputs:

@@ -349,7 +349,7 @@ class IsolatedInstance(ModelInstance):
             return
         response = None if meta is None else wire.response_from_wire(meta, arrays)
         with contextlib.suppress(TritonError):
-            request.responder.send(response, final)
+            request.responder.send(response, final, blocking=False)  # the reader thread serves every request
 
     def _reply(self, process: _Process, call_id: int, ok: bool, value: Any) -> None:
         with contextlib.suppress(wire.ChannelClosed):

@@ -1,0 +1,419 @@
+"""Ensemble models (``platform: "ensemble"``): a DAG of composing models run per request.
+
+:class:`EnsembleVersion` stands where a :class:`~trident.model.ModelVersion` stands for the
+repository and the front ends (same attributes and ``infer_stream``), but owns no instance and
+no queue. Its load checks the steps against the composing models, which the repository has
+loaded first (:func:`~trident.batching.ensemble_plan.build_plan`); it is READY only while every
+composing model is.
+
+Each request runs in its own nursery (:class:`_EnsembleRequest`). Ensemble tensors are kept by
+iteration, as Triton keeps them: the request's inputs are iteration 0, and each response of a
+step adds the next iteration of the tensors it writes. A step starts, as a task of the
+request's nursery, as soon as every tensor it reads has a value of the same iteration, so
+independent steps run concurrently and a decoupled step's every response flows on through
+the steps downstream of it. Each step is an ordinary request to its model
+(``ModelVersion.infer_stream``), so it goes through that model's scheduler and batches with
+other traffic; tensors pass between steps as the same numpy arrays, without copies. Steps the
+requested outputs do not depend on are not run.
+
+A response is ready when every requested output has a value of one iteration. A decoupled
+ensemble (any composing model decoupled) streams each such response as it is ready, then a
+flag-only final one; a regular one sends its single response when every step is done.
+``max_inflight_requests`` bounds each step's in-flight requests across the ensemble's requests;
+while a step is full, the step feeding it stops consuming responses, and a decoupled model
+sending them from its own thread blocks (``InferenceRequest.response_window``).
+
+Cancelling the caller cancels the request's nursery: queued steps are dropped and running
+ones discarded, by their models' own cancellation. The first step that fails cancels the others
+and fails the request with its error, prefixed ``in ensemble '<name>', step <i> (model '<m>')``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from trident import config as cfg
+from trident.batching.ensemble_plan import EnsemblePlan, Step, build_plan, reshape
+from trident.errors import Code, TritonError, invalid_arg, unavailable
+from trident.model import TensorSpec, validate_request
+from trident.model_metrics import observer_for
+from trident.protocol.classification import classify
+from trident.protocol.generated.inference import ModelConfig, ModelTransactionPolicy
+from trident.stats import CANCELED, OTHER, StatsRecorder
+from trident.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+
+log = logging.getLogger("trident.ensemble")
+
+FLAG_ONLY = "triton_flag_only"
+SendResponse = Callable[[InferenceResponse], Awaitable[None]]
+#: (model name, version string: "" for the latest) -> the serving model; raises TritonError
+Resolve = Callable[[str, str], Any]
+
+
+class ComputeSums:
+    """The compute durations of an ensemble request's steps (Triton adds them up the same way)."""
+
+    __slots__ = ("input_ns", "infer_ns", "output_ns")
+
+    def __init__(self) -> None:
+        self.input_ns = self.infer_ns = self.output_ns = 0
+
+    def add(self, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        self.input_ns += input_ns
+        self.infer_ns += infer_ns
+        self.output_ns += output_ns
+
+
+class EnsembleVersion:
+    """One version of an ensemble model."""
+
+    def __init__(self, name: str, version: int, config: ModelConfig, model_dir: Path, *, resolve: Resolve,
+                 server: Any = None) -> None:
+        self.name = name
+        self.version = version
+        self.config = config
+        self.config_json = cfg.config_to_json(config)
+        self.backend = None
+        self.model_dir = model_dir
+        self.platform = config.platform
+        self.max_batch_size = int(config.max_batch_size)
+        policy = config.model_transaction_policy
+        self.decoupled = bool(policy and policy.decoupled)
+        self.state = "LOADING"
+        self.reason = ""
+        self.stats = StatsRecorder(name, str(version))
+        self.latency = observer_for(server, config)
+        self.load_duration_s = 0.0
+        self.inflight = 0
+        self.dropped = 0
+        self.discarded = 0
+        self.instances: list[Any] = []
+        self.cache = None
+        self.plan: EnsemblePlan | None = None
+        self._resolve = resolve
+        self._limiters: list[trio.Semaphore] = []
+        self._unload = trio.Event()
+        self.stopped = trio.Event()
+        self._idle = trio.Event()
+        self._idle.set()
+        self.inputs = {i.name: TensorSpec(i.name, cfg.api_datatype(i.data_type), list(i.dims), bool(i.optional))
+                       for i in config.input}
+        self.outputs: dict[str, TensorSpec] = {}
+        for o in config.output:
+            spec = TensorSpec(o.name, cfg.api_datatype(o.data_type), list(o.dims))
+            if o.label_filename:
+                spec.labels = (model_dir / o.label_filename).read_text().splitlines()
+            self.outputs[o.name] = spec
+
+    # ---- lifetime -------------------------------------------------------------------------
+
+    def composing(self) -> list[tuple[str, str]]:
+        """(model name, version string) of each composing model, in step order."""
+        assert self.config.ensemble_scheduling is not None
+        seen: dict[tuple[str, str], None] = {}
+        for step in self.config.ensemble_scheduling.step:
+            version = int(step.model_version) if step.model_version else -1
+            seen.setdefault((step.model_name, "" if version == -1 else str(version)), None)
+        return list(seen)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Check the steps against the composing models, serve until unloaded, drain.
+
+        Raises TritonError(INVALID_ARG) (before ``task_status.started``) when the steps do not
+        fit the composing models.
+        """
+        try:
+            self.plan = build_plan(self.config, lambda n, v: self._resolve(n, "" if v == -1 else str(v)))
+            if self.plan.decoupled and not self.decoupled:  # Triton fills this in for ensembles
+                self.config.model_transaction_policy = ModelTransactionPolicy(decoupled=True)
+                self.config_json = cfg.config_to_json(self.config)
+                self.decoupled = True
+            if self.plan.max_inflight_requests > 0:
+                self._limiters = [trio.Semaphore(self.plan.max_inflight_requests) for _ in self.plan.steps]
+            self.state = "READY"
+            task_status.started()
+            await self._unload.wait()
+            self.state = "UNLOADING"
+            await self._idle.wait()
+            self.reason = "unloaded"
+        finally:
+            self.state = "UNAVAILABLE"
+            self.stopped.set()
+
+    def request_unload(self) -> None:
+        """Stop accepting requests; :meth:`run` drains and returns."""
+        if self.state in ("READY", "LOADING"):
+            self.state = "UNLOADING"
+        self._unload.set()
+
+    # ---- front door -----------------------------------------------------------------------
+
+    def queued(self) -> int:
+        """An ensemble has no queue of its own (its steps queue at their models)."""
+        return 0
+
+    def is_ready(self) -> bool:
+        """READY, and so is every composing model."""
+        if self.state != "READY":
+            return False
+        try:
+            return all(self._resolve(n, v).is_ready() for n, v in self.composing())
+        except TritonError:
+            return False
+
+    async def probe_ready(self) -> bool:
+        """:meth:`is_ready`, with every composing model's own probe. Never raises."""
+        if not self.is_ready():
+            return False
+        for name, version in self.composing():
+            try:
+                model = self._resolve(name, version)
+            except TritonError:
+                return False
+            if not await model.probe_ready():
+                return False
+        return self.state == "READY"
+
+    def validate(self, request: InferenceRequest) -> int:
+        """Check the request against the ensemble's inputs and outputs; return its batch size.
+
+        Raises TritonError(INVALID_ARG).
+        """
+        return validate_request(self.name, self.max_batch_size, self.inputs, self.outputs, request)
+
+    async def infer_stream(self, request: InferenceRequest, send: SendResponse) -> None:
+        """Run the ensemble for ``request``; ``await send(response)`` for each response.
+
+        Raises TritonError: UNAVAILABLE when not serving, INVALID_ARG for a bad request, the
+        failing step's error (prefixed with the ensemble, step and model). Cancellation:
+        cancelling the caller cancels every step of the request.
+        """
+        if self.state != "READY" or self.plan is None:
+            raise unavailable(f"model '{self.name}' version {self.version} is not ready (state {self.state})")
+        batch = self.validate(request)
+        self.inflight += 1
+        if self.inflight == 1:
+            self._idle = trio.Event()
+        run = _EnsembleRequest(self, self.plan, request, send, batch if self.max_batch_size > 0 else 0)
+        try:
+            await run.execute()
+        except TritonError:
+            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=OTHER)
+            raise
+        except BaseException as exc:  # cancelled (the steps' Cancelled come grouped by the nursery)
+            cancelled = _only_cancelled(exc)
+            if cancelled:
+                request.cancel()
+            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED if cancelled else OTHER)
+            raise
+        else:
+            self._record(run, batch)
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+
+    def _record(self, run: _EnsembleRequest, batch: int) -> None:
+        sums = run.sums
+        request = run.request
+        request_ns = time.monotonic_ns() - request.arrival_ns
+        queue_ns = run.started_ns - request.arrival_ns
+        self.stats.record_success(request_ns, queue_ns, sums.input_ns, sums.infer_ns, sums.output_ns)
+        self.stats.record_execution(max(1, batch), sums.input_ns, sums.infer_ns, sums.output_ns)
+        if request.stats_sink is not None:  # a nested ensemble reports to its parent
+            request.stats_sink.add(sums.input_ns, sums.infer_ns, sums.output_ns)
+        if self.latency is not None:
+            if run.first_response_ns is not None:
+                self.latency.first_response(run.first_response_ns - request.arrival_ns)
+            self.latency.request(request_ns, queue_ns, sums.input_ns, sums.infer_ns, sums.output_ns)
+
+    def limiter(self, step: int) -> trio.Semaphore | None:
+        return self._limiters[step] if self._limiters else None
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_cancelled(e) for e in exc.exceptions)
+    return isinstance(exc, trio.Cancelled)
+
+
+class _Value:
+    """One iteration of an ensemble tensor: the tensor (None: not provided) and its batch size
+    (0: not batched), with how many more readers will take it."""
+
+    __slots__ = ("tensor", "batch", "readers")
+
+    def __init__(self, tensor: Tensor | None, batch: int, readers: int) -> None:
+        self.tensor = tensor
+        self.batch = batch
+        self.readers = readers
+
+
+class _EnsembleRequest:
+    """The state of one ensemble request: tensors by iteration, started steps, the response."""
+
+    def __init__(self, ensemble: EnsembleVersion, plan: EnsemblePlan, request: InferenceRequest, send: SendResponse,
+                 batch: int) -> None:
+        self.ensemble = ensemble
+        self.plan = plan
+        self.request = request
+        self.send = send
+        self.batch = batch
+        self.requested = [o.name for o in request.outputs] or list(plan.outputs)
+        self.classification = {o.name: o.parameters.get("classification") for o in request.outputs}
+        self.needed = plan.prune(self.requested)
+        self.values: dict[str, dict[int, _Value]] = {}
+        self.iterations: dict[str, int] = {}
+        self.started: set[tuple[int, int]] = set()
+        self.response: InferenceResponse | None = None
+        self.responses = 0
+        self.first_response_ns: int | None = None
+        self.sums = ComputeSums()
+        self.started_ns = time.monotonic_ns()
+        self.error: TritonError | None = None
+        self._nursery: trio.Nursery | None = None
+
+    def _readers(self, tensor: str) -> int:
+        readers = sum(1 for i in self.plan.consumers.get(tensor, ()) if i in self.needed)
+        return readers + (1 if tensor in self.requested else 0)
+
+    def _put(self, tensor: str, value: Tensor | None, batch: int) -> tuple[str, int]:
+        iteration = self.iterations.get(tensor, 0)
+        self.iterations[tensor] = iteration + 1
+        readers = self._readers(tensor)
+        if readers:
+            self.values.setdefault(tensor, {})[iteration] = _Value(value, batch, readers)
+        return tensor, iteration
+
+    def _take(self, tensor: str, iteration: int) -> _Value:
+        by_iteration = self.values[tensor]
+        value = by_iteration[iteration]
+        value.readers -= 1
+        if value.readers <= 0:
+            del by_iteration[iteration]
+        return value
+
+    async def execute(self) -> None:
+        """Run the needed steps to completion; send the response(s). Raises TritonError."""
+        request = self.request
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            updated = [self._put(name, request.input(name), self.batch) for name in self.plan.inputs]
+            await self._advance(updated)
+        if self.error is not None:
+            raise self.error
+        ensemble = self.ensemble
+        if ensemble.decoupled:
+            await self.send(InferenceResponse(model_name=ensemble.name, model_version=str(ensemble.version),
+                                              id=request.id, parameters={FLAG_ONLY: True}, final=True))
+            return
+        if self.response is None:
+            raise invalid_arg(f"in ensemble '{ensemble.name}', unexpected deadlock, at least one output is not set "
+                              "while no more ensemble steps can be made")
+        await self.send(self.response)
+
+    async def _advance(self, updated: list[tuple[str, int]]) -> None:
+        """Start the steps and emit the responses that the ``updated`` tensor iterations complete.
+
+        Waits for a place when a step is at its ``max_inflight_requests``.
+        """
+        plan = self.plan
+        ready: list[tuple[int, int]] = []
+        outputs: list[int] = []
+        for tensor, iteration in updated:
+            for index in plan.consumers.get(tensor, ()):
+                if index not in self.needed or (index, iteration) in self.started:
+                    continue
+                step = plan.steps[index]
+                if all(iteration in self.values.get(t, {}) for t in step.inputs.values()):
+                    self.started.add((index, iteration))
+                    ready.append((index, iteration))
+            if (tensor in self.requested and iteration not in outputs
+                    and all(iteration in self.values.get(t, {}) for t in self.requested)):
+                outputs.append(iteration)
+        for iteration in outputs:
+            await self._respond(iteration)
+        assert self._nursery is not None
+        for index, iteration in ready:
+            limiter = self.ensemble.limiter(index)
+            if limiter is not None:
+                await limiter.acquire()
+            self._nursery.start_soon(self._run_step, plan.steps[index], iteration, limiter)
+
+    async def _respond(self, iteration: int) -> None:
+        ensemble = self.ensemble
+        outputs: list[Tensor] = []
+        for name in self.requested:
+            value = self._take(name, iteration)
+            if value.tensor is None:
+                continue
+            source = value.tensor
+            shape = reshape(self.plan.outputs[name], self.batch != 0, value.batch, source.shape)
+            data = source.data if shape == source.shape else source.data.reshape(shape)
+            tensor = Tensor(name, source.datatype, shape, data)
+            k = self.classification.get(name)
+            if k:
+                spec = ensemble.outputs.get(name)
+                tensor = classify(tensor, int(k), spec.labels if spec else None, self.batch != 0)
+            outputs.append(tensor)
+        response = InferenceResponse(model_name=ensemble.name, model_version=str(ensemble.version),
+                                     id=self.request.id, outputs=outputs, final=not ensemble.decoupled)
+        self.responses += 1
+        if self.first_response_ns is None:
+            self.first_response_ns = time.monotonic_ns()
+        if ensemble.decoupled:
+            await self.send(response)
+        elif self.response is None:
+            self.response = response
+
+    async def _run_step(self, step: Step, iteration: int, limiter: trio.Semaphore | None) -> None:
+        """Run one step for one iteration; a failure cancels the request's other steps."""
+        try:
+            await self._step(step, iteration)
+        except TritonError as e:
+            if self.error is None:
+                self.error = TritonError(e.code, f"in ensemble '{self.ensemble.name}', {step.describe()}: "
+                                                 f"{e.message}")
+                assert self._nursery is not None
+                self._nursery.cancel_scope.cancel()
+        finally:
+            if limiter is not None:
+                limiter.release()
+
+    async def _step(self, step: Step, iteration: int) -> None:
+        request = self.request
+        model = self.ensemble._resolve(step.model_name, step.version_string)
+        inputs: list[Tensor] = []
+        for model_input, tensor in step.inputs.items():
+            value = self._take(tensor, iteration)
+            if value.tensor is None:  # an optional ensemble input the client left out
+                continue
+            source = value.tensor
+            shape = reshape(step.input_dims[model_input], step.batching, value.batch, source.shape)
+            data = source.data if shape == source.shape else source.data.reshape(shape)
+            inputs.append(Tensor(model_input, source.datatype, shape, data))
+        sub = InferenceRequest(step.model_name, inputs, model_version=step.version_string, id=request.id,
+                               outputs=[RequestedOutput(name) for name in step.outputs],
+                               parameters=dict(request.parameters))
+        sub.stats_sink = self.sums
+        sub.response_window = self.plan.max_inflight_requests
+        if request.cancelled:
+            raise TritonError(Code.CANCELLED, "the ensemble request was cancelled")
+        batch = inputs[0].shape[0] if step.batching and inputs and inputs[0].shape else 0
+
+        async def on_response(response: InferenceResponse) -> None:
+            if response.error is not None:
+                raise response.error
+            if response.parameters.get(FLAG_ONLY) and not response.outputs:
+                return
+            produced = {t.name: t for t in response.outputs}
+            updated = [self._put(tensor, produced.get(output), batch) for output, tensor in step.outputs.items()]
+            await self._advance(updated)
+
+        await model.infer_stream(sub, on_response)
