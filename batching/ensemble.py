@@ -46,7 +46,7 @@ from trident.model_metrics import observer_for
 from trident.protocol.classification import classify
 from trident.protocol.generated.inference import ModelConfig, ModelTransactionPolicy
 from trident.stats import CANCELED, OTHER, StatsRecorder
-from trident.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from trident.types import InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
 
 log = logging.getLogger("trident.ensemble")
 
@@ -271,6 +271,8 @@ class _EnsembleRequest:
         self.values: dict[str, dict[int, _Value]] = {}
         self.iterations: dict[str, int] = {}
         self.started: set[tuple[int, int]] = set()
+        self.running = 0  # steps started whose final response has not arrived
+        self.final_sent = False
         self.response: InferenceResponse | None = None
         self.responses = 0
         self.first_response_ns: int | None = None
@@ -310,8 +312,9 @@ class _EnsembleRequest:
             raise self.error
         ensemble = self.ensemble
         if ensemble.decoupled:
-            await self.send(InferenceResponse(model_name=ensemble.name, model_version=str(ensemble.version),
-                                              id=request.id, parameters={FLAG_ONLY: True}, final=True))
+            if not self.final_sent:  # the last response went out before the last step finished
+                await self.send(InferenceResponse(model_name=ensemble.name, model_version=str(ensemble.version),
+                                                  id=request.id, parameters={FLAG_ONLY: True}, final=True))
             return
         if self.response is None:
             raise invalid_arg(f"in ensemble '{ensemble.name}', unexpected deadlock, at least one output is not set "
@@ -337,6 +340,7 @@ class _EnsembleRequest:
             if (tensor in self.requested and iteration not in outputs
                     and all(iteration in self.values.get(t, {}) for t in self.requested)):
                 outputs.append(iteration)
+        self.running += len(ready)
         for iteration in outputs:
             await self._respond(iteration)
         assert self._nursery is not None
@@ -362,8 +366,12 @@ class _EnsembleRequest:
                 spec = ensemble.outputs.get(name)
                 tensor = classify(tensor, int(k), spec.labels if spec else None, self.batch != 0)
             outputs.append(tensor)
+        # as Triton: the last response of a decoupled ensemble is final when no step is running
+        final = not ensemble.decoupled or self.running == 0
         response = InferenceResponse(model_name=ensemble.name, model_version=str(ensemble.version),
-                                     id=self.request.id, outputs=outputs, final=not ensemble.decoupled)
+                                     id=self.request.id, outputs=outputs, parameters=self._sequence_parameters(),
+                                     final=final)
+        self.final_sent = self.final_sent or (ensemble.decoupled and final)
         self.responses += 1
         if self.first_response_ns is None:
             self.first_response_ns = time.monotonic_ns()
@@ -372,10 +380,18 @@ class _EnsembleRequest:
         elif self.response is None:
             self.response = response
 
+    def _sequence_parameters(self) -> dict[str, ParamValue]:
+        """Triton puts the request's sequence fields on every ensemble response."""
+        params = self.request.parameters
+        return {"sequence_id": params.get("sequence_id", 0),
+                "sequence_start": bool(params.get("sequence_start", False)),
+                "sequence_end": bool(params.get("sequence_end", False))}
+
     async def _run_step(self, step: Step, iteration: int, limiter: trio.Semaphore | None) -> None:
         """Run one step for one iteration; a failure cancels the request's other steps."""
+        done = [False]
         try:
-            await self._step(step, iteration)
+            await self._step(step, iteration, done)
         except TritonError as e:
             if self.error is None:
                 self.error = TritonError(e.code, f"in ensemble '{self.ensemble.name}', {step.describe()}: "
@@ -383,10 +399,12 @@ class _EnsembleRequest:
                 assert self._nursery is not None
                 self._nursery.cancel_scope.cancel()
         finally:
+            if not done[0]:
+                self.running -= 1
             if limiter is not None:
                 limiter.release()
 
-    async def _step(self, step: Step, iteration: int) -> None:
+    async def _step(self, step: Step, iteration: int, done: list[bool]) -> None:
         request = self.request
         model = self.ensemble._resolve(step.model_name, step.version_string)
         inputs: list[Tensor] = []
@@ -410,6 +428,9 @@ class _EnsembleRequest:
         async def on_response(response: InferenceResponse) -> None:
             if response.error is not None:
                 raise response.error
+            if response.final and not done[0]:
+                done[0] = True
+                self.running -= 1
             if response.parameters.get(FLAG_ONLY) and not response.outputs:
                 return
             produced = {t.name: t for t in response.outputs}

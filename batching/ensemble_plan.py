@@ -106,22 +106,34 @@ def _full(dims: Iterable[int], batching: bool) -> tuple[int, ...]:
 
 
 def _compatible(a: TensorType, b: TensorType) -> bool:
-    if a.datatype != b.datatype or len(a.shape) != len(b.shape):
+    """Same datatype and shapes that agree (``-1`` matches any size). Between a batching and a
+    non-batching model a tensor may also pass as one batch, or with its batch dimension dropped
+    (see :func:`reshape`)."""
+    if a.datatype != b.datatype:
         return False
-    return all(x == y or x == -1 or y == -1 for x, y in zip(a.shape, b.shape, strict=True))
+    if _agree(a.shape, b.shape):
+        return True
+    if a.batching != b.batching:
+        batched, plain = (a, b) if a.batching else (b, a)
+        return _agree(batched.shape[1:], plain.shape)
+    return False
+
+
+def _agree(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b, strict=True))
 
 
 def build_plan(config: ModelConfig, resolve: Callable[[str, int], Signature]) -> EnsemblePlan:
     """Check ``config``'s steps against the composing models ``resolve`` returns.
 
     ``resolve(model_name, version)`` returns the loaded model (``version`` -1: the latest) or
-    raises TritonError. Raises INVALID_ARG naming the ensemble and the first problem found.
+    raises TritonError. Raises INVALID_ARG with Triton's wording for the first problem found.
     """
     name = config.name
     assert config.ensemble_scheduling is not None
     scheduling = config.ensemble_scheduling
     batching = config.max_batch_size > 0
-    types: dict[str, tuple[TensorType, str]] = {}  # ensemble tensor -> (type, who says so)
+    types: dict[str, tuple[TensorType, str]] = {}  # ensemble tensor -> (type, the model it comes from)
 
     def agree(tensor: str, found: TensorType, source: str) -> None:
         known = types.get(tensor)
@@ -131,71 +143,84 @@ def build_plan(config: ModelConfig, resolve: Callable[[str, int], Signature]) ->
         expected, origin = known
         if expected.datatype != found.datatype:
             raise invalid_arg(
-                f"in ensemble '{name}', ensemble tensor '{tensor}': inconsistent data type: "
-                f"{expected.datatype} is inferred from {origin} while {found.datatype} is inferred from {source}"
+                f"in ensemble {name}, ensemble tensor {tensor}: inconsistent data type: "
+                f"{_config_type(expected.datatype)} is inferred from model {origin} while "
+                f"{_config_type(found.datatype)} is inferred from model {source}"
             )
         if not _compatible(expected, found):
             raise invalid_arg(
-                f"in ensemble '{name}', ensemble tensor '{tensor}': inconsistent shape: "
-                f"{list(expected.shape)} is inferred from {origin} while {list(found.shape)} is inferred from {source}"
+                f"in ensemble {name}, ensemble tensor {tensor}: inconsistent shape: "
+                f"{_fmt(expected.shape)} is inferred from model {origin} while {_fmt(found.shape)} is inferred "
+                f"from model {source}"
             )
 
-    for io in config.input:
-        agree(io.name, TensorType(cfg.api_datatype(io.data_type), _full(io.dims, batching), batching),
-              f"ensemble input of '{name}'")
-    steps: list[Step] = []
-    decoupled = False
-    for index, spec in enumerate(scheduling.step):
+    for io in (*config.input, *config.output):
+        agree(io.name, TensorType(cfg.api_datatype(io.data_type), _full(io.dims, batching), batching), name)
+    models: list[Signature] = []
+    missing: list[str] = []
+    for spec in scheduling.step:
         version = int(spec.model_version) if spec.model_version else LATEST
         try:
-            model = resolve(spec.model_name, version)
+            models.append(resolve(spec.model_name, version))
         except TritonError as e:
-            which = "" if version == LATEST else f" version {version}"
-            raise invalid_arg(
-                f"in ensemble '{name}', step {index} needs model '{spec.model_name}'{which}, which is not "
-                f"available: {e.message}"
-            ) from e
+            if version != LATEST and _serving(resolve, spec.model_name):
+                raise invalid_arg(f"ensemble '{name}' depends on '{spec.model_name}' whose required version "
+                                  f"{version} is not loaded.") from e
+            missing.append(spec.model_name)
+    if missing:
+        raise invalid_arg(f"ensemble {name} contains models that are not available or ambiguous: "
+                          f"{', '.join(dict.fromkeys(missing))}")
+    steps: list[Step] = []
+    origin: dict[str, int | None] = {i.name: None for i in config.input}  # tensor -> decoupled step it fans out of
+    for index, (spec, model) in enumerate(zip(scheduling.step, models, strict=True)):
         mconfig = model.config
         step_batching = model.max_batch_size > 0
-        if batching and (not step_batching or model.max_batch_size < config.max_batch_size):
+        if batching and step_batching and model.max_batch_size < config.max_batch_size:
             raise invalid_arg(
-                f"ensemble '{name}' allows maximum batch size {config.max_batch_size}, but it contains model "
-                f"'{model.name}' which only allows maximum batch size to be {max(model.max_batch_size, 0)}"
+                f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it contains model "
+                f"{model.name} which only allows maximum batch size to be {model.max_batch_size}"
             )
         model_inputs = {i.name: i for i in mconfig.input}
         model_outputs = {o.name: o for o in mconfig.output}
-        source = f"model '{model.name}'"
         for model_input, tensor in spec.input_map.items():
             found = model_inputs.get(model_input)
             if found is None:
                 raise invalid_arg(
-                    f"in ensemble '{name}', ensemble tensor '{tensor}' is mapping to non-existing input "
-                    f"'{model_input}' in model '{model.name}'"
+                    f"in ensemble {name}, ensemble tensor {tensor} is mapping to non-existing input "
+                    f"{model_input} in model {model.name}"
                 )
             agree(tensor, TensorType(cfg.api_datatype(found.data_type),
-                                     _full(_dims(found), step_batching), step_batching), source)
+                                     _full(_dims(found), step_batching), step_batching), model.name)
         for model_output, tensor in spec.output_map.items():
             found_out = model_outputs.get(model_output)
             if found_out is None:
                 raise invalid_arg(
-                    f"in ensemble '{name}', ensemble tensor '{tensor}' is mapped from non-existing output "
-                    f"'{model_output}' in model '{model.name}'"
+                    f"in ensemble {name}, ensemble tensor {tensor} is mapped from non-existing output "
+                    f"{model_output} in model {model.name}"
                 )
             agree(tensor, TensorType(cfg.api_datatype(found_out.data_type),
-                                     _full(_dims(found_out), step_batching), step_batching), source)
-        unmapped = [i for i, io in model_inputs.items() if i not in spec.input_map and not io.optional]
-        if unmapped:
-            raise invalid_arg(
-                f"in ensemble '{name}', step {index} does not map required input(s) {unmapped} of model "
-                f"'{model.name}'"
-            )
-        decoupled = decoupled or model.decoupled
-        steps.append(Step(index, spec.model_name, version, dict(spec.input_map), dict(spec.output_map),
-                          step_batching, model.decoupled,
+                                     _full(_dims(found_out), step_batching), step_batching), model.name)
+        for model_input, io in model_inputs.items():
+            if model_input not in spec.input_map and not io.optional:
+                raise invalid_arg(
+                    f"in ensemble {name}, input {model_input} in model {model.name} is not mapped to any "
+                    "ensemble tensors"
+                )
+        steps.append(Step(index, spec.model_name, int(spec.model_version) if spec.model_version else LATEST,
+                          dict(spec.input_map), dict(spec.output_map), step_batching, model.decoupled,
                           {i: _dims(io) for i, io in model_inputs.items()}))
-    for io in config.output:
-        agree(io.name, TensorType(cfg.api_datatype(io.data_type), _full(io.dims, batching), batching),
-              f"ensemble output of '{name}'")
+    # every step's inputs must fan out of the same decoupled step (or of none): the responses of
+    # a decoupled step are matched with other tensors by iteration, which only lines up then
+    for step in _in_dependency_order(steps):
+        sources = {origin.get(t) for t in step.inputs.values()}
+        if len(sources) > 1:
+            raise invalid_arg(
+                f"in ensemble {name}, step of model '{step.model_name}' receives inputs originated from different "
+                "decoupled models"
+            )
+        fanned = step.index if step.decoupled else next(iter(sources), None)
+        for tensor in step.outputs.values():
+            origin[tensor] = fanned
     consumers: dict[str, list[int]] = {}
     producer: dict[str, int] = {}
     for step in steps:
@@ -203,7 +228,6 @@ def build_plan(config: ModelConfig, resolve: Callable[[str, int], Signature]) ->
             consumers.setdefault(tensor, []).append(step.index)
         for tensor in step.outputs.values():
             producer[tensor] = step.index
-    policy = config.model_transaction_policy
     return EnsemblePlan(
         name=name,
         max_batch_size=int(config.max_batch_size),
@@ -212,9 +236,45 @@ def build_plan(config: ModelConfig, resolve: Callable[[str, int], Signature]) ->
         outputs={o.name: [int(d) for d in o.dims] for o in config.output},
         consumers=consumers,
         producer=producer,
-        decoupled=decoupled or bool(policy and policy.decoupled),
+        decoupled=any(step.decoupled for step in steps),
         max_inflight_requests=int(scheduling.max_inflight_requests),
     )
+
+
+def _serving(resolve: Callable[[str, int], Signature], model: str) -> bool:
+    try:
+        resolve(model, LATEST)
+    except TritonError:
+        return False
+    return True
+
+
+def _in_dependency_order(steps: list[Step]) -> list[Step]:
+    """Producers before consumers (the steps form a DAG: config validation refused cycles)."""
+    produced_by = {t: s.index for s in steps for t in s.outputs.values()}
+    done: set[int] = set()
+    order: list[Step] = []
+
+    def visit(step: Step) -> None:
+        if step.index in done:
+            return
+        done.add(step.index)
+        for tensor in step.inputs.values():
+            if tensor in produced_by:
+                visit(steps[produced_by[tensor]])
+        order.append(step)
+
+    for step in steps:
+        visit(step)
+    return order
+
+
+def _config_type(datatype: str) -> str:
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def _fmt(shape: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 def _dims(io: ModelInput | ModelOutput) -> list[int]:

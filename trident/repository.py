@@ -6,8 +6,10 @@ selected version and only then swaps them in, so a failed (re)load leaves the ve
 were serving untouched and a successful one loses no availability. A reload whose only change
 is instance counts (same files, same versions) is applied to the serving versions in place.
 Unloading drains. An ensemble loads after its composing models (loading them first when they
-have not been loaded; a circular dependency between ensembles fails the load), and unloading
-it with ``unload_dependents`` unloads the composing models no other ensemble uses. The
+have not been loaded; a circular dependency between ensembles fails the load); unloading it
+with ``unload_dependents`` unloads the composing models that no other ensemble uses and the user
+did not load themselves; unloading a composing model unloads the ensembles that use it, and
+loading it again through the API brings them back. The
 repository also owns the server-wide rate limiter (``--rate-limit``) and
 response cache (``--cache-config``) its model versions share.
 """
@@ -29,11 +31,12 @@ from trident import config as cfg
 from trident.backends import Backend, backend_name_for, get_backend
 from trident.batching.cache import ResponseCache, parse_cache_config
 from trident.batching.ensemble import EnsembleVersion
+from trident.batching.ensemble_plan import LATEST, build_plan
 from trident.batching.instances import counts_only_change
 from trident.batching.rate_limiter import RateLimiter
 from trident.config_validation import ENSEMBLE_PLATFORM, validate_config
 from trident.devices import gpu_count
-from trident.errors import TritonError, invalid_arg, not_found, unavailable, unsupported
+from trident.errors import Code, TritonError, invalid_arg, not_found, unavailable, unsupported
 from trident.model import ModelVersion
 from trident.protocol.generated.inference import ModelConfig
 
@@ -68,6 +71,10 @@ class _Record:
     loading: bool = False
     #: composing models (name, version string) when the record is a loaded ensemble
     composing: list[tuple[str, str]] = field(default_factory=list)
+    #: loaded by the user (load API, --load-model, or at start-up), not only as a dependency
+    explicit: bool = False
+    #: an ensemble unloaded because a composing model was: its composing model names
+    suspended: list[str] = field(default_factory=list)
 
 
 def _without_config(fingerprint: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -84,6 +91,10 @@ def _fingerprint(model_dir: Path) -> tuple[Any, ...]:
             continue
         entries.append((str(p.relative_to(model_dir)), st.st_size, st.st_mtime_ns, p.is_dir()))
     return tuple(entries)
+
+
+class _CircularDependency(TritonError):
+    """Ensembles that include each other (passed up unchanged through the chain of loads)."""
 
 
 def check_model_name(name: str) -> None:
@@ -103,6 +114,7 @@ class ModelRepository:
         #: server-wide, shared by every model version (None when off / not configured)
         self.rate_limiter = RateLimiter.from_options(options)
         self.response_cache = ResponseCache.from_config(parse_cache_config(getattr(options, "cache_config", ())))
+        self._ensemble_loads = trio.Lock()
 
     # ---- scanning -------------------------------------------------------------------------
 
@@ -153,6 +165,7 @@ class ModelRepository:
             async with limiter:
                 try:
                     await self._load(name)
+                    self._records[name].explicit = True
                 except TritonError as e:
                     log.error("%s", e.message)
 
@@ -183,6 +196,22 @@ class ModelRepository:
         if files and not config:
             raise invalid_arg(f"failed to load '{name}': file overrides need the 'config' parameter")
         await self._load(name, config, files)
+        self._records[name].explicit = True
+        await self._resume_dependents(name)
+
+    async def _resume_dependents(self, name: str) -> None:
+        """Reload the ensembles unloaded because ``name`` was, once all they need is serving
+        (a failure is logged: the load of ``name`` itself succeeded)."""
+        for rec in list(self._records.values()):
+            if name not in rec.suspended or rec.versions:
+                continue
+            if not all(self._records.get(dep) is not None and self._records[dep].versions for dep in rec.suspended):
+                continue
+            rec.suspended = []
+            try:
+                await self._load(rec.name)
+            except TritonError as e:
+                log.error("%s", e.message)
 
     async def _load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None,
                     chain: tuple[str, ...] = ()) -> None:
@@ -192,12 +221,33 @@ class ModelRepository:
             if found is None and not files:
                 raise invalid_arg(f"failed to load '{name}', failed to poll from model repository")
             rec = self._record(name, found)
+        if not chain and await self._names_an_ensemble(rec, config_json):
+            # one ensemble load at a time (with the loads of what it needs, chain non-empty):
+            # two ensembles that need each other must not each wait for the other's lock
+            async with self._ensemble_loads:
+                await self._load_record(rec, config_json, files, chain)
+        else:
+            await self._load_record(rec, config_json, files, chain)
+
+    async def _load_record(self, rec: _Record, config_json: str | None, files: dict[str, bytes] | None,
+                           chain: tuple[str, ...]) -> None:
         async with rec.lock:
             rec.loading = True
             try:
-                await self._load_locked(rec, config_json, files, (*chain, name))
+                await self._load_locked(rec, config_json, files, (*chain, rec.name))
             finally:
                 rec.loading = False
+
+    async def _names_an_ensemble(self, rec: _Record, config_json: str | None) -> bool:
+        if config_json:
+            try:
+                config = cfg.config_from_json(config_json)
+            except TritonError:
+                return False
+            return config.platform == ENSEMBLE_PLATFORM or config.ensemble_scheduling is not None
+        if rec.path is None:
+            return False
+        return await trio.to_thread.run_sync(_is_ensemble, rec.path, self.options.model_config_name)
 
     async def _load_locked(self, rec: _Record, config_json: str | None, files: dict[str, bytes] | None,
                            chain: tuple[str, ...] = ()) -> None:
@@ -222,10 +272,13 @@ class ModelRepository:
             ensemble = config.platform == ENSEMBLE_PLATFORM
             if ensemble:
                 await self._load_dependencies(name, config, chain)
+                build_plan(config, lambda model, v: self.get(model, "" if v == LATEST else str(v)))
         except TritonError as e:
             rec.failed = {-1: e.message}
             if tmpdir:
                 shutil.rmtree(tmpdir, ignore_errors=True)
+            if isinstance(e, _CircularDependency) and len(chain) > 1:
+                raise  # reported once, by the ensemble whose load was asked for
             raise invalid_arg(f"load failed for model '{name}': {e.message}") from e
         if not ensemble and not files and await self._update_in_place(rec, config, versions, model_dir):
             log.info("successfully applied the instance counts of '%s' version(s) %s without reloading",
@@ -289,8 +342,8 @@ class ModelRepository:
         wanted = dict.fromkeys(step.model_name for step in config.ensemble_scheduling.step)
         for dep in wanted:
             if dep in chain:
-                cycle = " -> ".join(f"'{m}'" for m in (*chain[chain.index(dep):], dep))
-                raise invalid_arg(f"circular dependency between ensembles: {cycle}")
+                cycle = " -> ".join((*chain[chain.index(dep):], dep))
+                raise _CircularDependency(Code.INVALID_ARG, f"circular dependency between ensembles: {cycle}")
             rec = self._records.get(dep)
             if rec is not None and rec.loading:
                 async with rec.lock:  # another task is loading it: wait for that load
@@ -301,9 +354,11 @@ class ModelRepository:
                 reason = rec.failed.get(-1) or next(iter(rec.failed.values()))
                 raise invalid_arg(f"ensemble '{name}' depends on '{dep}' which failed to load: {reason}")
             if (rec is None or rec.path is None) and dep not in self.scan():
-                raise invalid_arg(f"ensemble '{name}' depends on '{dep}' which is not found in the model repository")
+                raise invalid_arg(f"ensemble {name} contains models that are not available or ambiguous: {dep}")
             try:
                 await self._load(dep, chain=chain)
+            except _CircularDependency:
+                raise
             except TritonError as e:
                 raise invalid_arg(f"ensemble '{name}' depends on '{dep}' which failed to load: {e.message}") from e
 
@@ -378,6 +433,8 @@ class ModelRepository:
         composing = list(rec.composing)
         async with rec.lock:
             await self._unload_record(rec)
+        rec.explicit = False
+        rec.suspended = []
         if unload_dependents:
             await self._unload_composing(composing)
 
@@ -387,7 +444,7 @@ class ModelRepository:
         still_used = {dep for r in self._records.values() if r.versions for dep, _ in r.composing}
         for dep in dict.fromkeys(n for n, _ in composing):
             rec = self._records.get(dep)
-            if rec is None or dep in still_used or not rec.versions:
+            if rec is None or dep in still_used or not rec.versions or rec.explicit:
                 continue
             nested = list(rec.composing)
             async with rec.lock:
@@ -397,6 +454,14 @@ class ModelRepository:
                 await self._unload_composing(nested)
 
     async def _unload_record(self, rec: _Record) -> None:
+        """Drain and unload ``rec``'s versions; first the serving ensembles that use it (they
+        come back when it is loaded again through the API)."""
+        for other in list(self._records.values()):
+            composing = {dep for dep, _ in other.composing}
+            if other is not rec and other.versions and rec.name in composing:
+                await self._unload_record(other)
+                other.suspended = sorted(composing)
+                log.info("unloaded ensemble '%s': its composing model '%s' is being unloaded", other.name, rec.name)
         started = time.monotonic()
         old = list(rec.versions.values())
         rec.unloaded = set(rec.versions) | {v for v in rec.failed if v >= 0}
@@ -443,6 +508,7 @@ class ModelRepository:
                 rec.fingerprint = fingerprint
             try:
                 await self._load(name)
+                await self._resume_dependents(name)
             except TritonError as e:
                 log.error("%s", e.message)
             finally:

@@ -7,8 +7,9 @@
 * ``diamond``: ``split`` -> (``branch_a`` | ``branch_b``, each sleeping 0.3 s and reporting its
   start and end wall-clock times) -> ``join``.
 * ``stream_pipe`` (decoupled): ``repeat`` (decoupled, N responses 0..N-1) -> ``square``.
-* ``stream_mixed``: ``repeat``'s values and the original N both feed ``add_n``, so only
-  iteration 0 lines up (Triton's rule).
+* ``stream_direct`` (decoupled): ``repeat``'s values are the ensemble's output.
+* ``stream_mixed``: ``repeat``'s values and the original N both feed ``add_n``: refused at load,
+  as Triton refuses it (inputs that fan out of different decoupled models).
 * ``throttled``: ``repeat_fast`` (records when it sent each value) -> ``square_slow`` (records
   when it finished), ``max_inflight_requests: 1``.
 * ``slow_chain``: ``sleeper`` (sleeps SECONDS, polling cancellation, passes X on) -> ``marker``.
@@ -21,9 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
-from onnx import TensorProto, helper
-
 from e2e.models import write_model
+from onnx import TensorProto, helper
 
 
 def _ensemble(name: str, body: str, max_batch_size: int = 0) -> str:
@@ -291,6 +291,13 @@ output [ { name: "SQUARE" data_type: TYPE_INT32 dims: [ 1 ] } ]
 ensemble_scheduling { step [
   { model_name: "repeat" input_map { key: "IN" value: "N" } output_map { key: "OUT" value: "value" } },
   { model_name: "square" input_map { key: "IN" value: "value" } output_map { key: "OUT" value: "SQUARE" } }
+] }
+'''))
+    _write_ensemble(root, "stream_direct", _ensemble("stream_direct", '''
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "VALUE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "repeat" input_map { key: "IN" value: "N" } output_map { key: "OUT" value: "VALUE" } }
 ] }
 '''))
     _write_ensemble(root, "stream_mixed", _ensemble("stream_mixed", '''
