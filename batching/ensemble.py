@@ -129,12 +129,8 @@ class EnsembleVersion:
         fit the composing models.
         """
         try:
-            self.plan = build_plan(self.config, lambda n, v: self._resolve(n, "" if v == -1 else str(v)))
-            if self.plan.decoupled and not self.decoupled:  # Triton fills this in for ensembles
-                self.config.model_transaction_policy = ModelTransactionPolicy(decoupled=True)
-                self.config_json = cfg.config_to_json(self.config)
-                self.decoupled = True
-            if self.plan.max_inflight_requests > 0:
+            self.refresh()
+            if self.plan is not None and self.plan.max_inflight_requests > 0:
                 self._limiters = [trio.Semaphore(self.plan.max_inflight_requests) for _ in self.plan.steps]
             self.state = "READY"
             task_status.started()
@@ -145,6 +141,19 @@ class EnsembleVersion:
         finally:
             self.state = "UNAVAILABLE"
             self.stopped.set()
+
+    def refresh(self) -> None:
+        """Check the steps against the composing models now serving (after one was reloaded).
+
+        Raises TritonError(INVALID_ARG) with the reason when they no longer fit; the plan in
+        use is then unchanged.
+        """
+        plan = build_plan(self.config, lambda n, v: self._resolve(n, "" if v == -1 else str(v)))
+        if plan.decoupled != self.decoupled:  # derived from the steps, as Triton does
+            self.config.model_transaction_policy = ModelTransactionPolicy(decoupled=plan.decoupled)
+            self.config_json = cfg.config_to_json(self.config)
+            self.decoupled = plan.decoupled
+        self.plan = plan
 
     def request_unload(self) -> None:
         """Stop accepting requests; :meth:`run` drains and returns."""

@@ -200,8 +200,22 @@ class ModelRepository:
         await self._resume_dependents(name)
 
     async def _resume_dependents(self, name: str) -> None:
-        """Reload the ensembles unloaded because ``name`` was, once all they need is serving
-        (a failure is logged: the load of ``name`` itself succeeded)."""
+        """After ``name`` (re)loaded: check the serving ensembles that use it against it (one
+        that no longer fits is unloaded, with the reason), and reload the ensembles unloaded
+        because ``name`` was, once all they need is serving. Failures are logged: the load of
+        ``name`` itself succeeded."""
+        for rec in list(self._records.values()):
+            if not rec.versions or name not in {dep for dep, _ in rec.composing}:
+                continue
+            try:
+                for mv in rec.versions.values():
+                    if isinstance(mv, EnsembleVersion):
+                        mv.refresh()
+            except TritonError as e:
+                log.error("unloading ensemble '%s': it no longer fits '%s': %s", rec.name, name, e.message)
+                await self._unload_record(rec)
+                rec.unloaded = set()
+                rec.failed = {-1: e.message}
         for rec in list(self._records.values()):
             if name not in rec.suspended or rec.versions:
                 continue

@@ -172,6 +172,31 @@ def test_decoupled_step_streams_through_grpc(server):
     assert params["sequence_id"].int64_param == 0 and params["sequence_start"].bool_param is False
 
 
+def test_many_decoupled_ensemble_requests_on_one_aio_stream(server):
+    """20 requests interleave on one bidirectional stream; every one gets its own squares."""
+
+    async def run() -> dict[str, list[int]]:
+        async with grpcaio.InferenceServerClient(server.grpc_url) as c:
+            async def requests():
+                for i in range(20):
+                    yield {"model_name": "stream_pipe", "request_id": str(i),
+                           "inputs": [_grpc_input("N", np.array([i % 5 + 1], np.int32), "INT32")]}
+
+            seen: dict[str, list[int]] = {}
+            finished = 0
+            async for result, error in c.stream_infer(requests()):
+                assert error is None
+                response = result.get_response()
+                seen.setdefault(response.id, []).append(int(result.as_numpy("SQUARE")[0]))
+                finished += response.parameters["triton_final_response"].bool_param
+                if finished == 20:
+                    break
+        return seen
+
+    seen = asyncio.run(run())
+    assert seen == {str(i): [k * k for k in range(i % 5 + 1)] for i in range(20)}
+
+
 def test_decoupled_output_streams_with_an_empty_final_response(server):
     responses = _stream(server, "stream_direct", [_grpc_input("N", np.array([3], np.int32), "INT32")])
     assert [int(r.as_numpy("VALUE")[0]) for r, _ in responses[:-1]] == [0, 1, 2]

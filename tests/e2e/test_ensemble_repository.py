@@ -4,6 +4,7 @@ models out and back in. Real server in explicit mode, tritonclient over HTTP and
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -207,3 +208,23 @@ def test_ensembles_load_after_their_composing_models_at_start_up(server_factory,
         with pytest.raises(InferenceServerException) as e:
             c.unload_model("pipeline")
         assert "not allowed" in e.value.message()
+
+
+def test_reloading_a_composing_model_that_no_longer_fits_unloads_the_ensemble(explicit):
+    with httpclient.InferenceServerClient(explicit.http_url) as c:
+        c.load_model("pipeline")
+        config = c.get_model_config("pre")
+        config["input"][0]["dims"] = [5]
+        config["output"][0]["dims"] = [5]
+        c.load_model("pre", config=json.dumps(config))
+        assert c.is_model_ready("pre") and not c.is_model_ready("pipeline")
+        row = _index(c)["pipeline"]
+        assert row["state"] == "UNAVAILABLE"
+        assert "in ensemble pipeline, ensemble tensor RAW: inconsistent shape" in row["reason"]
+        # put it back and load the ensemble again
+        config["input"][0]["dims"] = [4]
+        config["output"][0]["dims"] = [4]
+        c.load_model("pre", config=json.dumps(config))
+        c.load_model("pipeline")
+        result = c.infer("pipeline", [httpclient.InferInput("RAW", [1, 4], "FP32").set_data_from_numpy(RAW)])
+        np.testing.assert_array_equal(result.as_numpy("OUT"), (RAW * 2 + 1) * 10)
