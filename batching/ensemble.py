@@ -39,6 +39,7 @@ from typing import Any
 import trio
 
 from trident import config as cfg
+from trident.batching.cache import request_key
 from trident.batching.ensemble_plan import EnsemblePlan, Step, build_plan, reshape
 from trident.errors import Code, TritonError, invalid_arg, unavailable
 from trident.model import TensorSpec, validate_request
@@ -74,7 +75,7 @@ class EnsembleVersion:
     """One version of an ensemble model."""
 
     def __init__(self, name: str, version: int, config: ModelConfig, model_dir: Path, *, resolve: Resolve,
-                 server: Any = None) -> None:
+                 server: Any = None, cache: Any = None) -> None:
         self.name = name
         self.version = version
         self.config = config
@@ -94,7 +95,8 @@ class EnsembleVersion:
         self.dropped = 0
         self.discarded = 0
         self.instances: list[Any] = []
-        self.cache = None
+        enabled = config.response_cache is not None and config.response_cache.enable
+        self.cache = cache if enabled else None  # Triton caches an ensemble's top-level responses
         self.plan: EnsemblePlan | None = None
         self._resolve = resolve
         self._limiters: list[trio.Semaphore] = []
@@ -210,7 +212,20 @@ class EnsembleVersion:
         if self.inflight == 1:
             self._idle = trio.Event()
         run = _EnsembleRequest(self, self.plan, request, send, batch if self.max_batch_size > 0 else 0)
+        key = None
         try:
+            if self.cache is not None and not self.decoupled:
+                lookup_start = time.monotonic_ns()
+                key = request_key(self.name, self.version, request)
+                cached = self.cache.lookup(key)
+                lookup_ns = time.monotonic_ns() - lookup_start
+                if cached is not None:
+                    cached.model_name, cached.model_version, cached.id = self.name, str(self.version), request.id
+                    await send(cached)
+                    self.stats.record_cache_hit(time.monotonic_ns() - request.arrival_ns,
+                                                lookup_start - request.arrival_ns, lookup_ns)
+                    return
+                run.on_final = lambda response: self._cache_insert(key, response, lookup_ns)
             await run.execute()
         except TritonError:
             self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=OTHER)
@@ -241,6 +256,12 @@ class EnsembleVersion:
             if run.first_response_ns is not None:
                 self.latency.first_response(run.first_response_ns - request.arrival_ns)
             self.latency.request(request_ns, queue_ns, sums.input_ns, sums.infer_ns, sums.output_ns)
+
+    def _cache_insert(self, key: int, response: InferenceResponse, lookup_ns: int) -> None:
+        assert self.cache is not None
+        start = time.monotonic_ns()
+        if self.cache.insert(key, response):
+            self.stats.record_cache_miss(lookup_ns + time.monotonic_ns() - start)
 
     def limiter(self, step: int) -> trio.Semaphore | None:
         return self._limiters[step] if self._limiters else None
@@ -288,6 +309,7 @@ class _EnsembleRequest:
         self.sums = ComputeSums()
         self.started_ns = time.monotonic_ns()
         self.error: TritonError | None = None
+        self.on_final: Callable[[InferenceResponse], None] | None = None  # the response cache's insert
         self._nursery: trio.Nursery | None = None
 
     def _readers(self, tensor: str) -> int:
@@ -329,6 +351,8 @@ class _EnsembleRequest:
             raise invalid_arg(f"in ensemble '{ensemble.name}', unexpected deadlock, at least one output is not set "
                               "while no more ensemble steps can be made")
         await self.send(self.response)
+        if self.on_final is not None:
+            self.on_final(self.response)
 
     async def _advance(self, updated: list[tuple[str, int]]) -> None:
         """Start the steps and emit the responses that the ``updated`` tensor iterations complete.

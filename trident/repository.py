@@ -304,7 +304,8 @@ class ModelRepository:
         async def start_version(v: int) -> None:
             mv: Served
             if backend is None:
-                mv = EnsembleVersion(name, v, copy.deepcopy(config), model_dir, resolve=self.get, server=self._server)
+                mv = EnsembleVersion(name, v, copy.deepcopy(config), model_dir, resolve=self.get, server=self._server,
+                                     cache=self.response_cache)
             else:
                 mv = ModelVersion(name, v, config, backend, model_dir, backend_config=self._backend_config(backend),
                                   server=self._server, rate_limiter=self.rate_limiter, cache=self.response_cache)

@@ -4,6 +4,7 @@
 
 * ``pipeline``: ``pre`` (Python, x*2) -> ``mlp`` (ONNX, +1, dynamic batching) -> ``post``
   (Python, *10); OUT = (RAW*2 + 1) * 10.
+* ``cached_pipeline``: ``pipeline`` with ``response_cache { enable: true }``.
 * ``diamond``: ``split`` -> (``branch_a`` | ``branch_b``, each sleeping 0.3 s and reporting its
   start and end wall-clock times) -> ``join``.
 * ``stream_pipe`` (decoupled): ``repeat`` (decoupled, N responses 0..N-1) -> ``square``.
@@ -257,6 +258,10 @@ ensemble_scheduling { step [
   { model_name: "post" model_version: -1 input_map { key: "SCORES" value: "scores" } output_map { key: "OUT" value: "OUT" } }
 ] }
 ''', max_batch_size=8))
+
+    pipeline = (root / "pipeline" / "config.pbtxt").read_text()
+    _write_ensemble(root, "cached_pipeline", pipeline.replace('name: "pipeline"', 'name: "cached_pipeline"')
+                    + "response_cache { enable: true }\n")
 
     f64 = "TYPE_FP64"
     _python_model(root, "split", _io("IN", "TYPE_FP32", "4"), f'{_io("A", "TYPE_FP32", "4")}, {_io("B", "TYPE_FP32", "4")}',

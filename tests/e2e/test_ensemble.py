@@ -27,7 +27,7 @@ def server(tmp_path_factory):
     from e2e.conftest import start_server
 
     repo = write_pipeline_repo(tmp_path_factory.mktemp("ensembles"))
-    s = start_server(repo=repo, timeout=120)
+    s = start_server("--cache-config", "local,size=1048576", repo=repo, timeout=120)
     yield s
     s.stop()
 
@@ -104,6 +104,20 @@ def test_composing_model_batches_ensemble_traffic_with_direct_traffic(server):
     executions = after["execution_count"] - before["execution_count"]
     assert inferences == 32
     assert executions < inferences
+
+
+def test_response_cache_answers_a_repeated_ensemble_request(server):
+    x = np.full((1, 4), 3.5, np.float32)
+    before_pre = _stats(server, "pre")["inference_count"]
+    with httpclient.InferenceServerClient(server.http_url) as c:
+        first = c.infer("cached_pipeline", [_http_input("RAW", x, "FP32")])
+        second = c.infer("cached_pipeline", [_http_input("RAW", x, "FP32")], request_id="again")
+    np.testing.assert_array_equal(first.as_numpy("OUT"), (x * 2 + 1) * 10)
+    np.testing.assert_array_equal(second.as_numpy("OUT"), first.as_numpy("OUT"))
+    assert second.get_response()["id"] == "again"
+    stats = _stats(server, "cached_pipeline")["inference_stats"]
+    assert stats["cache_hit"]["count"] == 1 and stats["cache_miss"]["count"] == 1
+    assert _stats(server, "pre")["inference_count"] == before_pre + 1  # the hit ran no step
 
 
 # ---- a diamond DAG ------------------------------------------------------------------------
