@@ -221,6 +221,10 @@ def build_plan(config: ModelConfig, resolve: Callable[[str, int], Signature]) ->
         fanned = step.index if step.decoupled else next(iter(sources), None)
         for tensor in step.outputs.values():
             origin[tensor] = fanned
+    if len({origin.get(o.name) for o in config.output}) > 1:  # the response pairs outputs by iteration too
+        raise invalid_arg(
+            f"in ensemble {name}, step of model '{name}' receives inputs originated from different decoupled models"
+        )
     consumers: dict[str, list[int]] = {}
     producer: dict[str, int] = {}
     for step in steps:

@@ -225,8 +225,10 @@ def latency_table(results: dict[str, dict[str, list[float]]], iterations: int, r
 # ---- throughput at concurrency C (gRPC aio) ----------------------------------------------------
 
 
-async def concurrent(url: str, concurrency: int, iterations: int, warmup: int, rounds: int) -> dict[str, dict]:
-    """Logical requests/s and latencies (ms) of ensemble and 3-sequential at `concurrency` loops."""
+async def concurrent(url: str, concurrency: int, iterations: int, warmup: int,
+                     rounds: int) -> dict[str, tuple[list[float], float]]:
+    """Latencies (ms) and the wall-clock seconds the timed rounds took, for ensemble and
+    3-sequential requests at `concurrency` closed loops."""
     import tritonclient.grpc.aio as aioclient
 
     client = aioclient.InferenceServerClient(url)
@@ -256,7 +258,8 @@ async def concurrent(url: str, concurrency: int, iterations: int, warmup: int, r
                 out.append((time.perf_counter() - t0) * 1e3)
         assert np.array_equal(y, expected(x))
 
-    results = {kind: {"latency": [], "seconds": 0.0} for kind in kinds}
+    latency: dict[str, list[float]] = {kind: [] for kind in kinds}
+    seconds = dict.fromkeys(kinds, 0.0)
     try:
         for fn in kinds.values():
             await asyncio.gather(*(loop(fn, max(1, warmup // concurrency), None) for _ in range(concurrency)))
@@ -264,22 +267,20 @@ async def concurrent(url: str, concurrency: int, iterations: int, warmup: int, r
         for r in range(rounds):
             for kind in (list(kinds) if r % 2 == 0 else list(kinds)[::-1]):
                 t0 = time.perf_counter()
-                await asyncio.gather(*(loop(kinds[kind], per_loop, results[kind]["latency"])
-                                       for _ in range(concurrency)))
-                results[kind]["seconds"] += time.perf_counter() - t0
+                await asyncio.gather(*(loop(kinds[kind], per_loop, latency[kind]) for _ in range(concurrency)))
+                seconds[kind] += time.perf_counter() - t0
     finally:
         await client.close()
-    return results
+    return {kind: (latency[kind], seconds[kind]) for kind in kinds}
 
 
-def throughput_table(results: dict[str, dict], concurrency: int) -> None:
+def throughput_table(results: dict[str, tuple[list[float], float]], concurrency: int) -> None:
     print(f"\n## Throughput, gRPC aio, {concurrency} concurrent closed loops (logical requests)\n")
     print("| kind | requests/s | p50 (ms) | p99 (ms) |")
     print("|---|---:|---:|---:|")
-    for kind, r in results.items():
-        v = r["latency"]
-        print(f"| {kind} | {len(v) / r['seconds']:.0f} | {statistics.median(v):.3f} | {p99(v):.3f} |")
-    e, s = (len(r["latency"]) / r["seconds"] for r in results.values())
+    for kind, (v, secs) in results.items():
+        print(f"| {kind} | {len(v) / secs:.0f} | {statistics.median(v):.3f} | {p99(v):.3f} |")
+    e, s = (len(v) / secs for v, secs in results.values())
     print(f"\nensemble / 3 sequential throughput: {e / s:.2f}")
 
 
