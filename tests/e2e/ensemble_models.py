@@ -15,6 +15,8 @@
   when it finished), ``max_inflight_requests: 1``.
 * ``slow_chain``: ``sleeper`` (sleeps SECONDS, polling cancellation, passes X on) -> ``marker``.
 * ``failing``: ``pre`` -> ``fail`` (always raises).
+* ``zero_copy``: ``stash`` -> ``check_shared``, which reports whether its input is the very
+  array ``stash`` returned (both models run in the server's process).
 * ``nested``: ``pipeline`` as a step, then ``post``.
 """
 
@@ -227,6 +229,49 @@ class TritonPythonModel:
 '''
 
 
+STASH_PY = '''
+import sys
+import types
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+REGISTRY = sys.modules.setdefault("ensemble_zero_copy_registry", types.ModuleType("ensemble_zero_copy_registry"))
+REGISTRY.__dict__.setdefault("arrays", {})
+
+
+class TritonPythonModel:
+    """Y = X + 1, remembering the output array under the request id (same process)."""
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            y = pb_utils.get_input_tensor_by_name(r, "X").as_numpy() + 1
+            REGISTRY.arrays[r.request_id()] = y
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return out
+'''
+
+CHECK_SHARED_PY = '''
+import sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """SHARED = whether the input X is the very array the stash step produced for this request."""
+
+    def execute(self, requests):
+        registry = sys.modules["ensemble_zero_copy_registry"]
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            produced = registry.arrays.pop(r.request_id())
+            shared = np.array([np.shares_memory(x, produced)], dtype=bool)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("SHARED", shared)]))
+        return out
+'''
+
+
 def _python_model(root: Path, name: str, inputs: str, outputs: str, code: str, extra: str = "",
                   max_batch_size: int = 0) -> None:
     write_model(root, name, f'''
@@ -337,6 +382,16 @@ ensemble_scheduling { step [
   { model_name: "sleeper" input_map [ { key: "IN" value: "SECONDS" }, { key: "X" value: "X" } ]
     output_map [ { key: "OUT" value: "SLEPT" }, { key: "XO" value: "x_after" } ] },
   { model_name: "marker" input_map { key: "X" value: "x_after" } output_map { key: "Y" value: "Y" } }
+] }
+'''))
+    _python_model(root, "stash", _io("X", "TYPE_FP32", "4"), _io("Y", "TYPE_FP32", "4"), STASH_PY)
+    _python_model(root, "check_shared", _io("X", "TYPE_FP32", "4"), _io("SHARED", "TYPE_BOOL"), CHECK_SHARED_PY)
+    _write_ensemble(root, "zero_copy", _ensemble("zero_copy", '''
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "SHARED" data_type: TYPE_BOOL dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "stash" input_map { key: "X" value: "X" } output_map { key: "Y" value: "y" } },
+  { model_name: "check_shared" input_map { key: "X" value: "y" } output_map { key: "SHARED" value: "SHARED" } }
 ] }
 '''))
     _python_model(root, "fail", _io("X", "TYPE_FP32", "4"), _io("Y", "TYPE_FP32", "4"), FAIL_PY, max_batch_size=8)

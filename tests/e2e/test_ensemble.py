@@ -120,6 +120,13 @@ def test_response_cache_answers_a_repeated_ensemble_request(server):
     assert _stats(server, "pre")["inference_count"] == before_pre + 1  # the hit ran no step
 
 
+def test_intermediate_tensors_pass_without_copies(server):
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        for i in range(3):
+            result = c.infer("zero_copy", [_grpc_input("X", np.full(4, i, np.float32), "FP32")], request_id=f"z{i}")
+            assert result.as_numpy("SHARED").tolist() == [True]
+
+
 # ---- a diamond DAG ------------------------------------------------------------------------
 
 
