@@ -33,7 +33,8 @@ def _ensemble(name: str, body: str, max_batch_size: int = 0) -> str:
     return f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {max_batch_size}\n{body}'
 
 
-def _write_ensemble(root: Path, name: str, config: str) -> None:
+def write_ensemble(root: Path, name: str, config: str) -> None:
+    """An ensemble folder: ``config.pbtxt`` and the empty version folder ``1/``."""
     (root / name / "1").mkdir(parents=True, exist_ok=True)
     (root / name / "config.pbtxt").write_text(config)
 
@@ -66,6 +67,16 @@ backend: "python"
 max_batch_size: {max_batch_size}
 input [ {{ name: "{inp}" data_type: TYPE_FP32 dims: [ 4 ] }} ]
 output [ {{ name: "{out}" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+''', ELEMENTWISE_PY.replace("{op}", op))
+
+
+def _elementwise_int(root: Path, name: str, op: str, inp: str, out: str, max_batch_size: int = 4) -> None:
+    write_model(root, name, f'''
+name: "{name}"
+backend: "python"
+max_batch_size: {max_batch_size}
+input [ {{ name: "{inp}" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "{out}" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 ''', ELEMENTWISE_PY.replace("{op}", op))
 
 
@@ -294,7 +305,7 @@ def write_pipeline_repo(root: Path) -> Path:
     _elementwise(root, "pre", "* 2", "RAW", "NORM")
     write_onnx_add_one(root)
     _elementwise(root, "post", "* 10", "SCORES", "OUT")
-    _write_ensemble(root, "pipeline", _ensemble("pipeline", '''
+    write_ensemble(root, "pipeline", _ensemble("pipeline", '''
 input [ { name: "RAW" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
 ensemble_scheduling { step [
@@ -305,7 +316,7 @@ ensemble_scheduling { step [
 ''', max_batch_size=8))
 
     pipeline = (root / "pipeline" / "config.pbtxt").read_text()
-    _write_ensemble(root, "cached_pipeline", pipeline.replace('name: "pipeline"', 'name: "cached_pipeline"')
+    write_ensemble(root, "cached_pipeline", pipeline.replace('name: "pipeline"', 'name: "cached_pipeline"')
                     + "response_cache { enable: true }\n")
 
     f64 = "TYPE_FP64"
@@ -316,7 +327,7 @@ ensemble_scheduling { step [
                       BRANCH_PY)
     _python_model(root, "join", f'{_io("A", "TYPE_FP32", "4")}, {_io("B", "TYPE_FP32", "4")}',
                   _io("SUM", "TYPE_FP32", "4"), JOIN_PY)
-    _write_ensemble(root, "diamond", _ensemble("diamond", '''
+    write_ensemble(root, "diamond", _ensemble("diamond", '''
 input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "TIMES_A" data_type: TYPE_FP64 dims: [ 2 ] },
          { name: "TIMES_B" data_type: TYPE_FP64 dims: [ 2 ] } ]
@@ -335,7 +346,7 @@ ensemble_scheduling { step [
     _python_model(root, "square_slow", _io("IN", i32), f'{_io("OUT", i32)}, {_io("DONE_AT", f64)}', SQUARE_PY,
                   'parameters { key: "DELAY" value: { string_value: "0.05" } }')
     _python_model(root, "add_n", f'{_io("A", i32)}, {_io("B", i32)}', _io("SUM", i32), ADD_N_PY)
-    _write_ensemble(root, "stream_pipe", _ensemble("stream_pipe", '''
+    write_ensemble(root, "stream_pipe", _ensemble("stream_pipe", '''
 input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "SQUARE" data_type: TYPE_INT32 dims: [ 1 ] } ]
 ensemble_scheduling { step [
@@ -343,14 +354,14 @@ ensemble_scheduling { step [
   { model_name: "square" input_map { key: "IN" value: "value" } output_map { key: "OUT" value: "SQUARE" } }
 ] }
 '''))
-    _write_ensemble(root, "stream_direct", _ensemble("stream_direct", '''
+    write_ensemble(root, "stream_direct", _ensemble("stream_direct", '''
 input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "VALUE" data_type: TYPE_INT32 dims: [ 1 ] } ]
 ensemble_scheduling { step [
   { model_name: "repeat" input_map { key: "IN" value: "N" } output_map { key: "OUT" value: "VALUE" } }
 ] }
 '''))
-    _write_ensemble(root, "stream_mixed", _ensemble("stream_mixed", '''
+    write_ensemble(root, "stream_mixed", _ensemble("stream_mixed", '''
 input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] } ]
 ensemble_scheduling { step [
@@ -358,7 +369,7 @@ ensemble_scheduling { step [
   { model_name: "add_n" input_map [ { key: "A" value: "value" }, { key: "B" value: "N" } ] output_map { key: "SUM" value: "SUM" } }
 ] }
 '''))
-    _write_ensemble(root, "throttled", _ensemble("throttled", '''
+    write_ensemble(root, "throttled", _ensemble("throttled", '''
 input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "SQUARE" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "SENT_AT" data_type: TYPE_FP64 dims: [ 1 ] },
          { name: "DONE_AT" data_type: TYPE_FP64 dims: [ 1 ] } ]
@@ -375,7 +386,7 @@ ensemble_scheduling {
                   f'{_io("OUT", f32)}, {_io("XO", f32, "4")}', SLEEPER_PY)
     _python_model(root, "marker", _io("X", "TYPE_FP32", "4"), _io("Y", "TYPE_FP32", "4"),
                   ELEMENTWISE_PY.replace("{op}", "+ 0"))
-    _write_ensemble(root, "slow_chain", _ensemble("slow_chain", '''
+    write_ensemble(root, "slow_chain", _ensemble("slow_chain", '''
 input [ { name: "SECONDS" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "SLEPT" data_type: TYPE_FP32 dims: [ 1 ] } ]
 ensemble_scheduling { step [
@@ -386,7 +397,7 @@ ensemble_scheduling { step [
 '''))
     _python_model(root, "stash", _io("X", "TYPE_FP32", "4"), _io("Y", "TYPE_FP32", "4"), STASH_PY)
     _python_model(root, "check_shared", _io("X", "TYPE_FP32", "4"), _io("SHARED", "TYPE_BOOL"), CHECK_SHARED_PY)
-    _write_ensemble(root, "zero_copy", _ensemble("zero_copy", '''
+    write_ensemble(root, "zero_copy", _ensemble("zero_copy", '''
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "SHARED" data_type: TYPE_BOOL dims: [ 1 ] } ]
 ensemble_scheduling { step [
@@ -395,7 +406,7 @@ ensemble_scheduling { step [
 ] }
 '''))
     _python_model(root, "fail", _io("X", "TYPE_FP32", "4"), _io("Y", "TYPE_FP32", "4"), FAIL_PY, max_batch_size=8)
-    _write_ensemble(root, "failing", _ensemble("failing", '''
+    write_ensemble(root, "failing", _ensemble("failing", '''
 input [ { name: "RAW" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
 ensemble_scheduling { step [
@@ -403,7 +414,7 @@ ensemble_scheduling { step [
   { model_name: "fail" input_map { key: "X" value: "norm" } output_map { key: "Y" value: "Y" } }
 ] }
 ''', max_batch_size=8))
-    _write_ensemble(root, "nested", _ensemble("nested", '''
+    write_ensemble(root, "nested", _ensemble("nested", '''
 input [ { name: "RAW" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "FINAL" data_type: TYPE_FP32 dims: [ 4 ] } ]
 ensemble_scheduling { step [

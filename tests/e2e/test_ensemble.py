@@ -418,3 +418,50 @@ def test_closing_a_stream_cancels_a_decoupled_ensemble(server):
     time.sleep(0.5)
     assert _stats(server, "square_slow")["inference_count"] == settled
     assert settled - before < 50
+
+
+# ---- a stateful composing model -----------------------------------------------------------
+
+
+def test_sequence_parameters_reach_a_stateful_step(tmp_path):
+    """The request's sequence_id / start / end reach the sequence-batched accumulator inside the
+    ensemble: two interleaved sequences keep their own running sums of the doubled inputs."""
+    from e2e.conftest import start_server
+    from e2e.ensemble_models import _elementwise_int, write_ensemble
+    from e2e.models import write_model
+    from e2e.test_sequence import ACC_PY, acc_config
+
+    write_model(tmp_path, "acc", acc_config("acc", "TYPE_UINT64"), ACC_PY)
+    _elementwise_int(tmp_path, "double_int", "* 2", "X", "Y")
+    write_ensemble(tmp_path, "seq_ensemble", '''
+name: "seq_ensemble"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "double_int" input_map { key: "X" value: "X" } output_map { key: "Y" value: "doubled" } },
+  { model_name: "acc" input_map { key: "INPUT" value: "doubled" } output_map { key: "OUTPUT" value: "SUM" } }
+] }
+''')
+    server = start_server(repo=tmp_path, timeout=120)
+    try:
+        with grpcclient.InferenceServerClient(server.grpc_url) as c:
+            def send(seq: int, value: int, start: bool = False, end: bool = False) -> int:
+                result = c.infer("seq_ensemble", [_grpc_input("X", np.array([[value]], np.int32), "INT32")],
+                                 sequence_id=seq, sequence_start=start, sequence_end=end)
+                params = result.get_response().parameters
+                assert params["sequence_id"].int64_param == seq
+                assert params["sequence_start"].bool_param is start
+                return int(result.as_numpy("SUM")[0][0])
+
+            assert send(11, 1, start=True) == 2
+            assert send(12, 10, start=True) == 20
+            assert send(11, 2) == 6
+            assert send(12, 5) == 30
+            assert send(11, 3, end=True) == 12
+            with pytest.raises(InferenceServerException) as e:
+                send(13, 1)  # no START on the first request of a sequence
+            assert "START" in e.value.message() and "model 'acc'" in e.value.message()
+    finally:
+        server.stop()
