@@ -90,6 +90,7 @@ class EnsembleVersion:
         self.reason = ""
         self.stats = StatsRecorder(name, str(version))
         self.latency = observer_for(server, config)
+        self._tracer = getattr(server, "tracer", None)
         self.load_duration_s = 0.0
         self.inflight = 0
         self.dropped = 0
@@ -212,6 +213,8 @@ class EnsembleVersion:
         if self.inflight == 1:
             self._idle = trio.Event()
         run = _EnsembleRequest(self, self.plan, request, send, batch if self.max_batch_size > 0 else 0)
+        trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
+        run.trace = trace
         key = None
         try:
             if self.cache is not None and not self.decoupled:
@@ -239,6 +242,9 @@ class EnsembleVersion:
         else:
             self._record(run, batch)
         finally:
+            if trace is not None and self._tracer is not None:
+                self._tracer.record(trace, [("REQUEST_START", request.arrival_ns), ("QUEUE_START", run.started_ns),
+                                            ("REQUEST_END", time.monotonic_ns())], run.response)
             self.inflight -= 1
             if self.inflight == 0:
                 self._idle.set()
@@ -310,6 +316,7 @@ class _EnsembleRequest:
         self.started_ns = time.monotonic_ns()
         self.error: TritonError | None = None
         self.on_final: Callable[[InferenceResponse], None] | None = None  # the response cache's insert
+        self.trace: Any = None  # the request's trace: its steps' requests are traced as its children
         self._nursery: trio.Nursery | None = None
 
     def _readers(self, tensor: str) -> int:
@@ -453,6 +460,7 @@ class _EnsembleRequest:
                                outputs=[RequestedOutput(name) for name in step.outputs],
                                parameters=dict(request.parameters))
         sub.stats_sink = self.sums
+        sub.trace = self.trace
         sub.response_window = self.plan.max_inflight_requests
         if request.cancelled:
             raise TritonError(Code.CANCELLED, "the ensemble request was cancelled")

@@ -101,6 +101,7 @@ class RequestTrace:
     tensors: bool
     state: _State
     inputs: list[dict[str, Any]] = field(default_factory=list)
+    parent_id: int = 0  # the ensemble request's trace, for a request of one of its steps
 
 
 @dataclass
@@ -162,7 +163,21 @@ class Tracer:
         return state
 
     def sample(self, model: str, version: int, request: Any) -> RequestTrace | None:
-        """A RequestTrace when this request is to be traced, else None."""
+        """A RequestTrace when this request is to be traced, else None.
+
+        A request of an ensemble step whose ensemble request is traced (``request.trace``) is
+        always traced, as a child of that trace (Triton's child traces), under the parent's
+        settings.
+        """
+        parent = getattr(request, "trace", None)
+        if isinstance(parent, RequestTrace):
+            trace = RequestTrace(self._next_id, model, version, str(getattr(request, "id", "") or ""),
+                                 parent.tensors, parent.state, parent_id=parent.id)
+            self._next_id += 1
+            parent.state.outstanding += 1
+            if trace.tensors:
+                trace.inputs = [_tensor_entry(trace.id, "TENSOR_QUEUE_INPUT", t) for t in request.inputs]
+            return trace
         state = self._state(model)
         if not state.levels or state.remaining == 0 or (state.mode == "triton" and not state.file):
             return None
@@ -190,9 +205,13 @@ class Tracer:
             stamps += [("COMPUTE_START", start), ("COMPUTE_INPUT_END", infer_start),
                        ("COMPUTE_OUTPUT_START", infer_end), ("COMPUTE_END", done)]
         stamps.append(("REQUEST_END", end))
+        self.record(trace, stamps, response)
+
+    def record(self, trace: RequestTrace, stamps: list[tuple[str, int]], response: InferenceResponse | None) -> None:
+        """Write (or export) ``trace`` with its (activity, monotonic ns) timestamps."""
         entries: list[dict[str, Any]] = [
             {"id": trace.id, "model_name": trace.model_name, "model_version": trace.model_version,
-             "request_id": trace.request_id, "parent_id": 0},
+             "request_id": trace.request_id, "parent_id": trace.parent_id},
             {"id": trace.id, "timestamps": [{"name": n, "ns": ns} for n, ns in stamps]},
         ]
         if trace.tensors:
@@ -280,7 +299,8 @@ class _OtelExporter:
     def export(self, trace: RequestTrace, stamps: list[tuple[str, int]]) -> None:
         span = self.tracer.start_span("InferRequest", start_time=stamps[0][1] + self.offset, attributes={
             "triton.model_name": trace.model_name, "triton.model_version": trace.model_version,
-            "triton.trace_id": trace.id, "triton.request_id": trace.request_id})
+            "triton.trace_id": trace.id, "triton.request_id": trace.request_id,
+            "triton.parent_id": trace.parent_id})
         for name, ns in stamps:
             span.add_event(name, timestamp=ns + self.offset)
         span.end(end_time=stamps[-1][1] + self.offset)

@@ -465,3 +465,26 @@ ensemble_scheduling { step [
             assert "START" in e.value.message() and "model 'acc'" in e.value.message()
     finally:
         server.stop()
+
+
+def test_a_traced_ensemble_request_traces_its_steps_as_children(tmp_path):
+    from e2e.conftest import start_server
+
+    repo = write_pipeline_repo(tmp_path / "repo")
+    trace_file = tmp_path / "trace.json"
+    server = start_server("--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1",
+                          "--trace-config", f"triton,file={trace_file}", repo=repo, timeout=120)
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as c:
+            c.infer("pipeline", [_http_input("RAW", RAW, "FP32")], request_id="traced")
+    finally:
+        assert server.stop() == 0
+    entries = json.loads(trace_file.read_text())
+    heads = {e["model_name"]: e for e in entries if "model_name" in e}
+    assert set(heads) == {"pipeline", "pre", "mlp", "post"}
+    parent = heads["pipeline"]
+    assert parent["parent_id"] == 0 and parent["request_id"] == "traced"
+    assert all(heads[m]["parent_id"] == parent["id"] for m in ("pre", "mlp", "post"))
+    stamps = {e["id"]: [t["name"] for t in e["timestamps"]] for e in entries if "timestamps" in e}
+    assert stamps[parent["id"]] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    assert "COMPUTE_START" in stamps[heads["mlp"]["id"]]
