@@ -126,7 +126,14 @@ class DynamicScheduler(Scheduler):
         if policy.max_queue_size and self._queue.level_size(level) >= policy.max_queue_size:
             self._queue.remove_cancelled(self._drop)
         self._queue.push(entry)
-        self._wakeup.set()
+        if self._idle:
+            # an instance is free: hand it a batch now rather than in the batcher task's next
+            # round (what the batcher would do; it only needs waking for what stays queued)
+            self.step(now)
+            if len(self._queue):
+                self._wakeup.set()
+        else:
+            self._wakeup.set()
 
     def queued(self) -> int:
         return len(self._queue)
@@ -193,9 +200,11 @@ class DynamicScheduler(Scheduler):
                 if worker.retiring:
                     break
                 # look for the next batch right away, without a round trip through the batcher task
+                # (which needs waking only to watch the delays and timeouts of what stays queued)
                 self._idle.append(worker)
                 self.step(trio.current_time())
-                self._wakeup.set()
+                if len(self._queue):
+                    self._wakeup.set()
                 try:
                     batch = worker.receive.receive_nowait()
                 except trio.WouldBlock:

@@ -124,8 +124,9 @@ def _failure(sample: WarmupSample, model_name: str, error: TritonError) -> Trito
 
 async def warm_up(instance: Any, samples: Sequence[WarmupSample], *, model_name: str, decoupled: bool,
                   validate: Callable[[InferenceRequest], int],
-                  make_pending: Callable[[InferenceRequest], Any], limiter: trio.CapacityLimiter) -> None:
-    """Run every sample on ``instance`` (in its worker thread, under ``limiter``).
+                  make_pending: Callable[[InferenceRequest], Any], thread: Any) -> None:
+    """Run every sample on ``instance``, on its thread (``thread.run(fn, *args)``, a
+    :class:`trident.execution.InstanceThread`).
 
     ``validate`` checks a request against the config, ``make_pending`` gives it a response
     channel (a :class:`trident.execution.Pending`). Raises TritonError for the first sample
@@ -143,7 +144,7 @@ async def warm_up(instance: Any, samples: Sequence[WarmupSample], *, model_name:
             pendings = [make_pending(r) for r in requests]
             try:
                 with trio.CancelScope(shield=True):
-                    responses = await trio.to_thread.run_sync(instance.execute, requests, limiter=limiter)
+                    responses = await thread.run(instance.execute, requests)
             except TritonError as e:
                 raise _failure(sample, model_name, e) from None
             except Exception as e:

@@ -210,10 +210,11 @@ class ModelVersion:
     async def _warm_up(self, instance: ModelInstance) -> None:
         await warm_up(instance, self._samples, model_name=self.name, decoupled=self.decoupled, validate=self.validate,
                       make_pending=lambda r: Pending(r, 1, self.executor.finish),
-                      limiter=self.executor.limiter(instance))
+                      thread=self.executor.thread(instance))
 
     async def _finalize(self, instances: list[ModelInstance]) -> None:
         for instance in instances:
+            self.executor.release(instance)
             self._specs.pop(id(instance), None)
             if self.rate_limiter is not None:
                 self.rate_limiter.unregister(instance)

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import trio
 
 from trident.batching.warmup import warm_up, warmup_samples
 from trident.errors import Code, TritonError
+from trident.execution import InstanceThread
 from trident.protocol.datatypes import serialize_bytes
 from trident.protocol.pbtxt import parse_pbtxt
 from trident.types import InferenceResponse
@@ -103,7 +103,7 @@ def _samples(tmp_path):
 
 async def _run(instance, samples, validate=lambda r: 1):
     await warm_up(instance, samples, model_name="m", decoupled=False, validate=validate,
-                  make_pending=lambda r: None, limiter=trio.CapacityLimiter(1))
+                  make_pending=lambda r: None, thread=InstanceThread("warmup-test"))
 
 
 async def test_runs_each_sample_count_times_as_one_batch(tmp_path):
