@@ -126,9 +126,10 @@ class DynamicScheduler(Scheduler):
         if policy.max_queue_size and self._queue.level_size(level) >= policy.max_queue_size:
             self._queue.remove_cancelled(self._drop)
         self._queue.push(entry)
-        if self._idle:
-            # an instance is free: hand it a batch now rather than in the batcher task's next
-            # round (what the batcher would do; it only needs waking for what stays queued)
+        if self._idle and not self.rules.enabled:
+            # no batching and an instance is free: hand it the request now rather than in the
+            # batcher task's next round (with batching, requests arriving in the same round are
+            # left to the batcher so that they can share a batch)
             self.step(now)
             if len(self._queue):
                 self._wakeup.set()
