@@ -42,7 +42,7 @@ from trident import config as cfg
 from trident.batching.cache import request_key
 from trident.batching.ensemble_plan import EnsemblePlan, Step, build_plan, reshape
 from trident.errors import Code, TritonError, invalid_arg, unavailable
-from trident.model import TensorSpec, validate_request
+from trident.model import tensor_specs, validate_request
 from trident.model_metrics import observer_for
 from trident.protocol.classification import classify
 from trident.protocol.generated.inference import ModelConfig, ModelTransactionPolicy
@@ -105,14 +105,7 @@ class EnsembleVersion:
         self.stopped = trio.Event()
         self._idle = trio.Event()
         self._idle.set()
-        self.inputs = {i.name: TensorSpec(i.name, cfg.api_datatype(i.data_type), list(i.dims), bool(i.optional))
-                       for i in config.input}
-        self.outputs: dict[str, TensorSpec] = {}
-        for o in config.output:
-            spec = TensorSpec(o.name, cfg.api_datatype(o.data_type), list(o.dims))
-            if o.label_filename:
-                spec.labels = (model_dir / o.label_filename).read_text().splitlines()
-            self.outputs[o.name] = spec
+        self.inputs, self.outputs = tensor_specs(config, model_dir)
 
     # ---- lifetime -------------------------------------------------------------------------
 

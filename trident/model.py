@@ -108,16 +108,7 @@ class ModelVersion:
         self.executor = BatchExecutor(self)
         self.scheduler: Scheduler = make_scheduler(config, self.on_drop, rate_limiter=rate_limiter,
                                                    model_dir=model_dir)
-        self.inputs = {
-            i.name: TensorSpec(i.name, cfg.api_datatype(i.data_type), list(i.dims), bool(i.optional))
-            for i in config.input
-        }
-        self.outputs: dict[str, TensorSpec] = {}
-        for o in config.output:
-            spec = TensorSpec(o.name, cfg.api_datatype(o.data_type), list(o.dims))
-            if o.label_filename:
-                spec.labels = (model_dir / o.label_filename).read_text().splitlines()
-            self.outputs[o.name] = spec
+        self.inputs, self.outputs = tensor_specs(config, model_dir)
 
     # ---- lifetime -------------------------------------------------------------------------
 
@@ -384,6 +375,19 @@ class ModelVersion:
         Raises TritonError(INVALID_ARG) with Triton's wording.
         """
         return validate_request(self.name, self.max_batch_size, self.inputs, self.outputs, request)
+
+
+def tensor_specs(config: ModelConfig, model_dir: Path) -> tuple[dict[str, TensorSpec], dict[str, TensorSpec]]:
+    """The specs of a config's inputs and outputs (output labels read from ``model_dir``)."""
+    inputs = {i.name: TensorSpec(i.name, cfg.api_datatype(i.data_type), list(i.dims), bool(i.optional))
+              for i in config.input}
+    outputs: dict[str, TensorSpec] = {}
+    for o in config.output:
+        spec = TensorSpec(o.name, cfg.api_datatype(o.data_type), list(o.dims))
+        if o.label_filename:
+            spec.labels = (model_dir / o.label_filename).read_text().splitlines()
+        outputs[o.name] = spec
+    return inputs, outputs
 
 
 def validate_request(name: str, max_batch_size: int, inputs: dict[str, TensorSpec],

@@ -196,20 +196,6 @@ class TritonPythonModel:
         return out
 '''
 
-ADD_N_PY = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            a = pb_utils.get_input_tensor_by_name(r, "A").as_numpy()
-            b = pb_utils.get_input_tensor_by_name(r, "B").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("SUM", a + b)]))
-        return out
-'''
-
 SLEEPER_PY = '''
 import time
 import triton_python_backend_utils as pb_utils
@@ -345,7 +331,7 @@ ensemble_scheduling { step [
     _python_model(root, "square", _io("IN", i32), f'{_io("OUT", i32)}, {_io("DONE_AT", f64)}', SQUARE_PY)
     _python_model(root, "square_slow", _io("IN", i32), f'{_io("OUT", i32)}, {_io("DONE_AT", f64)}', SQUARE_PY,
                   'parameters { key: "DELAY" value: { string_value: "0.05" } }')
-    _python_model(root, "add_n", f'{_io("A", i32)}, {_io("B", i32)}', _io("SUM", i32), ADD_N_PY)
+    _python_model(root, "add_n", f'{_io("A", i32)}, {_io("B", i32)}', _io("SUM", i32), JOIN_PY)
     write_ensemble(root, "stream_pipe", _ensemble("stream_pipe", '''
 input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "SQUARE" data_type: TYPE_INT32 dims: [ 1 ] } ]
