@@ -40,8 +40,16 @@ import trio
 
 from trident import config as cfg
 from trident.batching.cache import request_key
-from trident.batching.ensemble_plan import EnsemblePlan, Step, build_plan, reshape
+from trident.batching.ensemble_plan import (
+    EnsemblePlan,
+    Step,
+    build_plan,
+    dependencies,
+    reshape,
+    version_string,
+)
 from trident.errors import Code, TritonError, invalid_arg, unavailable
+from trident.execution import FLAG_ONLY
 from trident.model import tensor_specs, validate_request
 from trident.model_metrics import observer_for
 from trident.protocol.classification import classify
@@ -51,7 +59,6 @@ from trident.types import InferenceRequest, InferenceResponse, ParamValue, Reque
 
 log = logging.getLogger("trident.ensemble")
 
-FLAG_ONLY = "triton_flag_only"
 SendResponse = Callable[[InferenceResponse], Awaitable[None]]
 #: (model name, version string: "" for the latest) -> the serving model; raises TritonError
 Resolve = Callable[[str, str], Any]
@@ -111,21 +118,17 @@ class EnsembleVersion:
 
     def composing(self) -> list[tuple[str, str]]:
         """(model name, version string) of each composing model, in step order."""
-        assert self.config.ensemble_scheduling is not None
-        seen: dict[tuple[str, str], None] = {}
-        for step in self.config.ensemble_scheduling.step:
-            version = int(step.model_version) if step.model_version else -1
-            seen.setdefault((step.model_name, "" if version == -1 else str(version)), None)
-        return list(seen)
+        return [(name, version_string(version)) for name, version in dependencies(self.config)]
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Check the steps against the composing models, serve until unloaded, drain.
 
         Raises TritonError(INVALID_ARG) (before ``task_status.started``) when the steps do not
-        fit the composing models.
+        fit the composing models (checked here unless :meth:`use` was given a checked plan).
         """
         try:
-            self.refresh()
+            if self.plan is None:
+                self.refresh()
             if self.plan is not None and self.plan.max_inflight_requests > 0:
                 self._limiters = [trio.Semaphore(self.plan.max_inflight_requests) for _ in self.plan.steps]
             self.state = "READY"
@@ -144,7 +147,11 @@ class EnsembleVersion:
         Raises TritonError(INVALID_ARG) with the reason when they no longer fit; the plan in
         use is then unchanged.
         """
-        plan = build_plan(self.config, lambda n, v: self._resolve(n, "" if v == -1 else str(v)))
+        self.use(build_plan(self.config, lambda n, v: self._resolve(n, version_string(v))))
+
+    def use(self, plan: EnsemblePlan) -> None:
+        """Run by ``plan`` (checked against the composing models); the config's decoupled flag
+        follows the steps."""
         if plan.decoupled != self.decoupled:  # derived from the steps, as Triton does
             self.config.model_transaction_policy = ModelTransactionPolicy(decoupled=plan.decoupled)
             self.config_json = cfg.config_to_json(self.config)
@@ -303,7 +310,6 @@ class _EnsembleRequest:
         self.running = 0  # steps started whose final response has not arrived
         self.final_sent = False
         self.response: InferenceResponse | None = None
-        self.responses = 0
         self.first_response_ns: int | None = None
         self.sums = ComputeSums()
         self.started_ns = time.monotonic_ns()
@@ -405,7 +411,6 @@ class _EnsembleRequest:
                                      id=self.request.id, outputs=outputs, parameters=self._sequence_parameters(),
                                      final=final)
         self.final_sent = self.final_sent or (ensemble.decoupled and final)
-        self.responses += 1
         if self.first_response_ns is None:
             self.first_response_ns = time.monotonic_ns()
         if ensemble.decoupled:
@@ -439,6 +444,8 @@ class _EnsembleRequest:
 
     async def _step(self, step: Step, iteration: int, done: list[bool]) -> None:
         request = self.request
+        if request.cancelled:
+            raise TritonError(Code.CANCELLED, "the ensemble request was cancelled")
         model = self.ensemble._resolve(step.model_name, step.version_string)
         inputs: list[Tensor] = []
         for model_input, tensor in step.inputs.items():
@@ -455,8 +462,6 @@ class _EnsembleRequest:
         sub.stats_sink = self.sums
         sub.trace = self.trace
         sub.response_window = self.plan.max_inflight_requests
-        if request.cancelled:
-            raise TritonError(Code.CANCELLED, "the ensemble request was cancelled")
         batch = inputs[0].shape[0] if step.batching and inputs and inputs[0].shape else 0
 
         async def on_response(response: InferenceResponse) -> None:

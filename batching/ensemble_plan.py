@@ -17,9 +17,19 @@ from typing import Protocol
 
 from trident import config as cfg
 from trident.errors import TritonError, invalid_arg
-from trident.protocol.generated.inference import ModelConfig, ModelInput, ModelOutput
+from trident.protocol.generated.inference import ModelConfig, ModelEnsemblingStep, ModelInput, ModelOutput
 
 LATEST = -1  # a step's model_version that means "the latest ready version"
+
+
+def version_string(version: int) -> str:
+    """A step's version as the repository takes it ("" for the latest)."""
+    return "" if version == LATEST else str(version)
+
+
+def _step_version(spec: ModelEnsemblingStep) -> int:
+    """A step's ``model_version`` (unset or -1: the latest)."""
+    return int(spec.model_version) if spec.model_version else LATEST
 
 
 class Signature(Protocol):
@@ -57,7 +67,7 @@ class Step:
 
     @property
     def version_string(self) -> str:
-        return "" if self.model_version == LATEST else str(self.model_version)
+        return version_string(self.model_version)
 
     def describe(self) -> str:
         return f"step {self.index} (model '{self.model_name}')"
@@ -96,7 +106,7 @@ def dependencies(config: ModelConfig) -> list[tuple[str, int]]:
     assert config.ensemble_scheduling is not None
     seen: dict[tuple[str, int], None] = {}
     for step in config.ensemble_scheduling.step:
-        seen.setdefault((step.model_name, int(step.model_version) if step.model_version else LATEST), None)
+        seen.setdefault((step.model_name, _step_version(step)), None)
     return list(seen)
 
 
@@ -159,7 +169,7 @@ def build_plan(config: ModelConfig, resolve: Callable[[str, int], Signature]) ->
     models: list[Signature] = []
     missing: list[str] = []
     for spec in scheduling.step:
-        version = int(spec.model_version) if spec.model_version else LATEST
+        version = _step_version(spec)
         try:
             models.append(resolve(spec.model_name, version))
         except TritonError as e:
@@ -206,7 +216,7 @@ def build_plan(config: ModelConfig, resolve: Callable[[str, int], Signature]) ->
                     f"in ensemble {name}, input {model_input} in model {model.name} is not mapped to any "
                     "ensemble tensors"
                 )
-        steps.append(Step(index, spec.model_name, int(spec.model_version) if spec.model_version else LATEST,
+        steps.append(Step(index, spec.model_name, _step_version(spec),
                           dict(spec.input_map), dict(spec.output_map), step_batching, model.decoupled,
                           {i: _dims(io) for i, io in model_inputs.items()}))
     # every step's inputs must fan out of the same decoupled step (or of none): the responses of

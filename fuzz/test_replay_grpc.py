@@ -5,17 +5,13 @@ Every input must decode or fail with an accepted error (fuzz_grpc.one_input rais
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from pathlib import Path
 
+import fuzz_grpc
 import pytest
 
 HERE = Path(__file__).parent
-_spec = importlib.util.spec_from_file_location("fuzz_grpc", HERE / "fuzz_grpc.py")
-assert _spec is not None and _spec.loader is not None
-fuzz_grpc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fuzz_grpc)
 one_input = fuzz_grpc.one_input
 
 CORPUS = HERE / "corpus" / "grpc"

@@ -6,17 +6,13 @@ response or fail with ResponseError (fuzz_http1.one_input raises otherwise).
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from pathlib import Path
 
+import fuzz_http1
 import pytest
 
 HERE = Path(__file__).parent
-_spec = importlib.util.spec_from_file_location("fuzz_http1", HERE / "fuzz_http1.py")
-assert _spec is not None and _spec.loader is not None
-fuzz_http1 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fuzz_http1)
 one_input = fuzz_http1.one_input
 
 CORPUS = HERE / "corpus" / "http1"

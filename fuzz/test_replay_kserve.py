@@ -5,18 +5,14 @@ Every input must decode or fail with TritonError (fuzz_kserve.one_input raises o
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import struct
 from pathlib import Path
 
+import fuzz_kserve
 import pytest
 
 HERE = Path(__file__).parent
-_spec = importlib.util.spec_from_file_location("fuzz_kserve", HERE / "fuzz_kserve.py")
-assert _spec is not None and _spec.loader is not None
-fuzz_kserve = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fuzz_kserve)
 NO_HEADER, one_input, seed = fuzz_kserve.NO_HEADER, fuzz_kserve.one_input, fuzz_kserve.seed
 
 CORPUS = HERE / "corpus" / "kserve"

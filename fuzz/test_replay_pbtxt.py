@@ -6,19 +6,15 @@ raises otherwise, and also checks the format/parse round trip of what parsed).
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from pathlib import Path
 
+import fuzz_pbtxt
 import pytest
 
 from trident.protocol.generated.inference import ModelConfig
 
 HERE = Path(__file__).parent
-_spec = importlib.util.spec_from_file_location("fuzz_pbtxt", HERE / "fuzz_pbtxt.py")
-assert _spec is not None and _spec.loader is not None
-fuzz_pbtxt = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fuzz_pbtxt)
 one_input = fuzz_pbtxt.one_input
 
 CORPUS = HERE / "corpus" / "pbtxt"

@@ -31,7 +31,7 @@ from trident import config as cfg
 from trident.backends import Backend, backend_name_for, get_backend
 from trident.batching.cache import ResponseCache, parse_cache_config
 from trident.batching.ensemble import EnsembleVersion
-from trident.batching.ensemble_plan import LATEST, build_plan
+from trident.batching.ensemble_plan import EnsemblePlan, build_plan, version_string
 from trident.batching.instances import counts_only_change
 from trident.batching.rate_limiter import RateLimiter
 from trident.config_validation import ENSEMBLE_PLATFORM, validate_config
@@ -284,9 +284,10 @@ class ModelRepository:
                     f"at least one version must be available under the version policy of model '{name}'"
                 )
             ensemble = config.platform == ENSEMBLE_PLATFORM
+            plan: EnsemblePlan | None = None
             if ensemble:
                 await self._load_dependencies(name, config, chain)
-                build_plan(config, lambda model, v: self.get(model, "" if v == LATEST else str(v)))
+                plan = build_plan(config, lambda model, v: self.get(model, version_string(v)))
         except TritonError as e:
             rec.failed = {-1: e.message}
             if tmpdir:
@@ -304,8 +305,10 @@ class ModelRepository:
         async def start_version(v: int) -> None:
             mv: Served
             if backend is None:
+                assert plan is not None
                 mv = EnsembleVersion(name, v, copy.deepcopy(config), model_dir, resolve=self.get, server=self._server,
                                      cache=self.response_cache)
+                mv.use(plan)
             else:
                 mv = ModelVersion(name, v, config, backend, model_dir, backend_config=self._backend_config(backend),
                                   server=self._server, rate_limiter=self.rate_limiter, cache=self.response_cache)

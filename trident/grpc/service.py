@@ -16,6 +16,7 @@ import betterproto2
 import trio
 
 from trident.errors import GRPC_INTERNAL, TritonError, invalid_arg, unsupported
+from trident.execution import FLAG_ONLY
 from trident.grpc.transport import Call, GrpcError, Method
 from trident.protocol import grpc_codec
 from trident.protocol.generated import inference as pb
@@ -276,7 +277,7 @@ class InferenceService:
                 await self._send_error(call, response if response.model_name else stub, response.error.message)
                 return
             params: dict[str, ParamValue] = dict(response.parameters)
-            if params.pop("triton_flag_only", False) is True and not empty_final:
+            if params.pop(FLAG_ONLY, False) is True and not empty_final:
                 return
             params["triton_final_response"] = response.final
             parts, size = grpc_codec.encode_model_stream_infer_response(response, parameters=params)

@@ -33,6 +33,7 @@ import numpy as np
 import trio
 
 from trident.errors import TritonError, internal, invalid_arg
+from trident.execution import FLAG_ONLY
 from trident.protocol import kserve
 from trident.types import InferenceRequest, InferenceResponse, ParamValue, Tensor
 
@@ -46,7 +47,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
-_FLAG_ONLY = "triton_flag_only"
 _ONE_RESPONSE = (
     "generate expects model to produce exactly 1 response, use generate stream for model that "
     "generates various number of responses"
@@ -135,7 +135,7 @@ def build_request(server: Server, doc: Any, name: str, version: str) -> Inferenc
 
 
 def _flag_only(response: InferenceResponse) -> bool:
-    return response.error is None and not response.outputs and bool(response.parameters.get(_FLAG_ONLY))
+    return response.error is None and not response.outputs and bool(response.parameters.get(FLAG_ONLY))
 
 
 def response_json(response: InferenceResponse) -> dict[str, Any]:
@@ -147,7 +147,7 @@ def response_json(response: InferenceResponse) -> dict[str, Any]:
     out["model_name"] = response.model_name
     out["model_version"] = response.model_version
     for key, value in response.parameters.items():
-        if key != _FLAG_ONLY:
+        if key != FLAG_ONLY:
             out[key] = value
     for tensor in response.outputs:
         if tensor.datatype == "FP16":

@@ -25,7 +25,7 @@ def site(tmp_path: Path):
             name = "demo"
 
             def load_instance(self, ctx):
-                raise NotImplementedError
+                raise RuntimeError("the demo backend only exercises entry-point discovery")
 
         NOT_A_BACKEND = object()
         '''))
