@@ -488,3 +488,47 @@ def test_a_traced_ensemble_request_traces_its_steps_as_children(tmp_path):
     stamps = {e["id"]: [t["name"] for t in e["timestamps"]] for e in entries if "timestamps" in e}
     assert stamps[parent["id"]] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
     assert "COMPUTE_START" in stamps[heads["mlp"]["id"]]
+
+
+# ---- grpclib ------------------------------------------------------------------------------
+
+
+def test_grpclib_drives_ensembles(server):
+    """grpclib: unary ModelInfer on the pipeline, a bad input (INVALID_ARGUMENT), a decoupled
+    ensemble refused on ModelInfer (UNIMPLEMENTED) and streamed over ModelStreamInfer."""
+    import tritonclient.grpc.service_pb2 as pb
+    from e2e.test_grpc_grpclib import SERVICE, call, fp32_request, run
+    from grpclib.const import Cardinality, Status
+    from grpclib.exceptions import GRPCError
+
+    def stream_request() -> pb.ModelInferRequest:
+        message = pb.ModelInferRequest(model_name="stream_pipe", id="gl")
+        message.inputs.add(name="N", datatype="INT32", shape=[1])
+        message.raw_input_contents.append(np.array([3], np.int32).tobytes())
+        return message
+
+    async def body(channel):
+        reply = await call(channel, "ModelInfer", fp32_request("pipeline", "RAW", RAW, "g7"), pb.ModelInferResponse)
+        errors = []
+        for request in (fp32_request("pipeline", "RAW", np.ones((1, 5), np.float32)), stream_request()):
+            try:
+                await call(channel, "ModelInfer", request, pb.ModelInferResponse)
+            except GRPCError as e:
+                errors.append(e.status)
+        replies = []
+        async with channel.request(SERVICE + "ModelStreamInfer", Cardinality.STREAM_STREAM,
+                                   pb.ModelInferRequest, pb.ModelStreamInferResponse) as stream:
+            await stream.send_message(stream_request(), end=True)
+            async for message in stream:
+                replies.append(message)
+        return reply, errors, replies
+
+    reply, errors, replies = run(server, body)
+    assert reply.id == "g7" and reply.model_name == "pipeline"
+    np.testing.assert_array_equal(np.frombuffer(reply.raw_output_contents[0], np.float32).reshape(2, 4),
+                                  (RAW * 2 + 1) * 10)
+    assert errors == [Status.INVALID_ARGUMENT, Status.UNIMPLEMENTED]
+    assert all(not r.error_message for r in replies)
+    squares = [int(np.frombuffer(r.infer_response.raw_output_contents[0], np.int32)[0]) for r in replies]
+    assert squares == [0, 1, 4]
+    assert replies[-1].infer_response.parameters["triton_final_response"].bool_param
