@@ -108,6 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--http-max-input-size", type=_positive_int, default=d.http_max_input_size)
     h.add_argument("--http-server", choices=["hypercorn", "trident"], default=d.http_server,
                    help=f"HTTP/1.1 serving layer for the HTTP front end (default {d.http_server})")
+    h.add_argument("--http-max-connections", type=_positive_int, default=d.http_max_connections,
+                   help="open HTTP connections at most; at the limit accepting pauses (trident)")
+    h.add_argument("--http-header-timeout-secs", type=_seconds, default=d.http_header_timeout_secs,
+                   help="a request head must arrive whole within this (trident)")
+    h.add_argument("--http-body-timeout-secs", type=_seconds, default=d.http_body_timeout_secs,
+                   help="longest pause between request body bytes (trident)")
+    h.add_argument("--http-restricted-api", action="append", dest="http_restricted_api", default=[],
+                   metavar="API[,API...]:KEY=VALUE",
+                   help="serve these API groups only to requests with header KEY: VALUE (repeatable)")
     _flag(h, "--allow-grpc", d.allow_grpc, "serve gRPC")
     h.add_argument("--grpc-address", default=d.grpc_address)
     h.add_argument("--grpc-port", type=_port, default=d.grpc_port)
@@ -121,6 +130,33 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--grpc-header-forward-pattern", default=d.grpc_header_forward_pattern,
                    help="regex of gRPC metadata keys copied into request parameters")
     h.add_argument("--grpc-max-message-size", type=_positive_int, default=d.grpc_max_message_size)
+    h.add_argument("--grpc-restricted-protocol", action="append", dest="grpc_restricted_protocol", default=[],
+                   metavar="PROTOCOL[,PROTOCOL...]:KEY=VALUE",
+                   help="serve these RPC groups only to calls with metadata KEY: VALUE (repeatable)")
+    h.add_argument("--grpc-keepalive-time", type=_positive_int, default=d.grpc_keepalive_time, metavar="MS",
+                   help="ping an idle connection after this many ms")
+    h.add_argument("--grpc-keepalive-timeout", type=_positive_int, default=d.grpc_keepalive_timeout, metavar="MS",
+                   help="close a connection whose ping is not answered within this many ms")
+    _flag(h, "--grpc-keepalive-permit-without-calls", d.grpc_keepalive_permit_without_calls,
+          "accept client keepalive pings on connections with no call")
+    h.add_argument("--grpc-http2-max-pings-without-data", type=_positive_int,
+                   default=d.grpc_http2_max_pings_without_data,
+                   help="pings the server sends without data in between (0: no limit)")
+    h.add_argument("--grpc-http2-min-recv-ping-interval-without-data", type=_positive_int,
+                   default=d.grpc_http2_min_recv_ping_interval_without_data, metavar="MS",
+                   help="client pings closer than this without data count as strikes")
+    h.add_argument("--grpc-http2-max-ping-strikes", type=_positive_int, default=d.grpc_http2_max_ping_strikes,
+                   help="strikes before GOAWAY ENHANCE_YOUR_CALM (0: no limit)")
+    h.add_argument("--grpc-max-connections", type=_positive_int, default=d.grpc_max_connections,
+                   help="open gRPC connections at most; at the limit accepting pauses (trident)")
+    h.add_argument("--grpc-idle-timeout-secs", type=_seconds, default=d.grpc_idle_timeout_secs,
+                   help="GOAWAY a connection with no call for this long (trident; 0: never)")
+    h.add_argument("--grpc-handshake-timeout-secs", type=_seconds, default=d.grpc_handshake_timeout_secs,
+                   help="TLS handshake and HTTP/2 preface must complete within this (trident)")
+    h.add_argument("--grpc-message-timeout-secs", type=_seconds, default=d.grpc_message_timeout_secs,
+                   help="a started request message must arrive whole within this (trident)")
+    h.add_argument("--grpc-max-buffered-bytes", type=_positive_int, default=d.grpc_max_buffered_bytes,
+                   help="request bytes buffered across all gRPC connections (trident)")
     _flag(h, "--allow-metrics", d.allow_metrics, "serve Prometheus metrics")
     _flag(h, "--allow-gpu-metrics", d.allow_gpu_metrics, "GPU metrics")
     _flag(h, "--allow-cpu-metrics", d.allow_cpu_metrics, "CPU metrics")

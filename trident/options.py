@@ -20,6 +20,10 @@ class ServerOptions:
     http_port: int = 8000
     http_max_input_size: int = 64 * 1024 * 1024
     http_server: str = "trident"  # trident (trident.http.fastserver) | hypercorn
+    # trident's own HTTP/1.1 limits (Triton has no flag for these)
+    http_max_connections: int = 4096  # open connections; at the limit, accepting pauses
+    http_header_timeout_secs: float = 30.0  # a request head must arrive whole within this
+    http_body_timeout_secs: float = 60.0  # longest pause between request body bytes
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
@@ -31,6 +35,22 @@ class ServerOptions:
     grpc_infer_response_compression_level: str = "none"  # none | low | medium | high
     grpc_header_forward_pattern: str = ""
     grpc_max_message_size: int = 1024 * 1024 * 1024
+    # gRPC keepalive and HTTP/2 ping policy (tritonserver's flags and defaults; times in ms)
+    grpc_keepalive_time: int = 7_200_000
+    grpc_keepalive_timeout: int = 20_000
+    grpc_keepalive_permit_without_calls: bool = False
+    grpc_http2_max_pings_without_data: int = 2
+    grpc_http2_min_recv_ping_interval_without_data: int = 300_000
+    grpc_http2_max_ping_strikes: int = 2
+    # trident's own gRPC limits (Triton has no flag for these)
+    grpc_max_connections: int = 4096  # open connections; at the limit, accepting pauses
+    grpc_idle_timeout_secs: float = 300.0  # a connection with no call for this long gets GOAWAY
+    grpc_handshake_timeout_secs: float = 10.0  # TLS handshake + HTTP/2 preface after accept
+    grpc_message_timeout_secs: float = 60.0  # a started request message must complete within this
+    grpc_max_buffered_bytes: int = 2 * 1024 * 1024 * 1024  # request bytes buffered, all connections
+    # restricted APIs: "<api>[,<api>...]:<header>=<value>" entries (tritonserver's syntax)
+    http_restricted_api: list[str] = field(default_factory=list)
+    grpc_restricted_protocol: list[str] = field(default_factory=list)
     allow_metrics: bool = True
     allow_gpu_metrics: bool = True
     allow_cpu_metrics: bool = True
