@@ -8,7 +8,7 @@ version is shared by its instances, each with its own ``InferRequest``, so
 Parameters (Triton's openvino_backend): ``PERFORMANCE_HINT`` (LATENCY, THROUGHPUT,
 CUMULATIVE_THROUGHPUT), ``NUM_STREAMS`` (a number, AUTO or NUMA), ``INFERENCE_NUM_THREADS``,
 ``COMPILATION_NUM_THREADS``, ``HINT_BF16`` (YES: bfloat16 inference precision),
-``CPU_EXTENSION_PATH``; any other upper-case key is passed to ``compile_model`` as an OpenVINO
+``CPU_EXTENSION_PATH`` (a file inside the model's folder); any other upper-case key is passed to ``compile_model`` as an OpenVINO
 property. Batching: a static batch dimension is made dynamic when ``max_batch_size > 0``
 unless ``SKIP_OV_DYNAMIC_BATCHSIZE: YES`` (then the model keeps batch ``max_batch_size`` and
 ``ENABLE_BATCH_PADDING: YES`` pads smaller batches); ``RESHAPE_IO_LAYERS: YES`` reshapes the
@@ -196,8 +196,8 @@ class OpenVINOBackend(Backend):
     def _compile(self, ov: Any, config: ModelConfig, version_dir: Path, props: dict[str, str], skip_dynamic: bool) -> Any:
         core = ov.Core()
         extension = parameter(config, "CPU_EXTENSION_PATH")
-        if extension:
-            core.add_extension(extension)
+        if extension:  # relative to the model's folder (trident.config_validation.confine_model_files)
+            core.add_extension(str((version_dir.parent / extension).resolve()))
         model = self._read(ov, core, config, version_dir)
         mbs = int(config.max_batch_size)
         shapes: dict[str, list[int]] = {}

@@ -217,8 +217,12 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     from trident.model_metrics import parse_metrics_config
     from trident.tracing import parse_trace_config
 
+    from trident.restricted import grpc_restrictions, http_restrictions
+
     parse_metrics_config(opts.metrics_config)
     parse_trace_config(opts.trace_config)
+    http_restrictions(opts)
+    grpc_restrictions(opts)
     return opts
 
 

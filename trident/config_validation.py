@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from trident.errors import TritonError, invalid_arg
 from trident.protocol.generated.inference import (
@@ -23,7 +23,7 @@ from trident.protocol.generated.inference import (
     ModelSequenceBatchingControlKind,
 )
 
-__all__ = ["ENSEMBLE_PLATFORM", "validate_config"]
+__all__ = ["ENSEMBLE_PLATFORM", "FILE_PARAMETERS", "confine_model_files", "validate_config"]
 
 ENSEMBLE_PLATFORM = "ensemble"
 TENSORRT_PLATFORM = "tensorrt_plan"
@@ -91,6 +91,7 @@ def validate_config(config: ModelConfig, model_name: str, model_dir: Path, *, gp
                 raise invalid_arg("histogram options must specify non-empty 'buckets'")
     _validate_io(config)
     _validate_instance_groups(config, gpu_count)
+    confine_model_files(config, model_dir)
     _validate_label_files(config, model_dir)
 
 
@@ -442,6 +443,62 @@ def _validate_instance_groups(config: ModelConfig, gpu_count: int) -> None:
                         f"{where} and platform {config.platform} specifies invalid profile {profile}. The field "
                         "should contain the string representation of a non-negative integer."
                     )
+
+
+# backend parameters that name a file the backend opens or loads as code (relative to the
+# model's folder); like default_model_filename they must stay inside it
+FILE_PARAMETERS = ("CPU_EXTENSION_PATH",)
+
+
+def _inside(root: Path, path: Path) -> bool:
+    return path != root and path.is_relative_to(root)
+
+
+def _check_file_name(value: str, what: str, model: str) -> None:
+    if "\0" in value or len(value) > 4096 or any(len(part.encode()) > 255 for part in value.split("/")):
+        raise invalid_arg(f"{what} of model '{model}' is not a valid file name")
+    p = PurePosixPath(value)
+    if p.is_absolute() or ".." in p.parts:
+        raise invalid_arg(f"{what} '{value}' of model '{model}' must name a file inside the model's folder")
+
+
+def confine_model_files(config: ModelConfig, model_dir: Path) -> None:
+    """Refuse a config that names a model file outside ``model_dir``, after resolving symlinks.
+
+    Checks ``default_model_filename`` (against every version folder), ``label_filename`` and
+    the backend parameters in FILE_PARAMETERS (relative to the model folder). Runs before a
+    backend opens, imports or auto-completes from a file: a config from the load API is
+    client input, and e.g. ``default_model_filename: "../../x.py"`` would import any Python
+    file on the host. Blocking (resolves paths). Raises INVALID_ARG naming the field.
+    """
+    name = config.name or model_dir.name
+    root = model_dir.resolve()
+    filename = config.default_model_filename
+    if filename:
+        _check_file_name(filename, "default_model_filename", name)
+        versions = [root / entry for entry in _version_names(root)] or [root / "1"]
+        for version_dir in versions:
+            if not _inside(version_dir.resolve(), (version_dir / filename).resolve()):
+                raise invalid_arg(
+                    f"default_model_filename '{filename}' of model '{name}' must name a file inside its version folder"
+                )
+    for key in FILE_PARAMETERS:
+        param = config.parameters.get(key)
+        value = param.string_value if param is not None else ""
+        if value:
+            _check_file_name(value, f"parameter {key}", name)
+            if not _inside(root, (root / value).resolve()):
+                raise invalid_arg(f"parameter {key} '{value}' of model '{name}' must name a file inside the model's folder")
+    for output in config.output:
+        if output.label_filename:
+            _check_file_name(output.label_filename, f"label file of output '{output.name}'", name)
+
+
+def _version_names(root: Path) -> list[str]:
+    try:
+        return [e.name for e in root.iterdir() if e.name.isascii() and e.name.isdigit() and e.is_dir()]
+    except OSError:
+        return []
 
 
 def _validate_label_files(config: ModelConfig, model_dir: Path) -> None:

@@ -34,7 +34,7 @@ from trident.batching.ensemble import EnsembleVersion
 from trident.batching.ensemble_plan import EnsemblePlan, build_plan, version_string
 from trident.batching.instances import counts_only_change
 from trident.batching.rate_limiter import RateLimiter
-from trident.config_validation import ENSEMBLE_PLATFORM, validate_config
+from trident.config_validation import ENSEMBLE_PLATFORM, confine_model_files, validate_config
 from trident.devices import gpu_count
 from trident.errors import Code, TritonError, invalid_arg, not_found, unavailable, unsupported
 from trident.model import ModelVersion
@@ -99,8 +99,10 @@ class _CircularDependency(TritonError):
 
 def check_model_name(name: str) -> None:
     """Reject names that could escape a repository folder. Raises INVALID_ARG."""
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-        raise invalid_arg(f"invalid model name '{name}'")
+    if (not name or name in (".", "..") or "/" in name or "\\" in name or not name.isprintable()
+            or len(name.encode()) > 255):
+        shown = name if len(name) <= 80 and name.isprintable() else repr(name[:80]) + "..."
+        raise invalid_arg(f"invalid model name '{shown}'")
 
 
 class ModelRepository:
@@ -416,6 +418,7 @@ class ModelRepository:
         """
         config = cfg.config_from_json(config_json) if config_json else cfg.read_model_config(
             model_dir, config_name=self.options.model_config_name)
+        confine_model_files(config, model_dir)  # before any backend opens or imports a file it names
         # name, backend/platform from the files, version policy, instance groups...
         gpus = gpu_count()
         config = cfg.complete_defaults(config, name, gpu_count=gpus, model_dir=model_dir)
@@ -618,6 +621,9 @@ def _is_ensemble(model_dir: Path, config_name: str = "") -> bool:
     return config.platform == ENSEMBLE_PLATFORM or config.ensemble_scheduling is not None
 
 
+MAX_OVERRIDE_PATH = 1024  # characters in one ``file:`` override path
+
+
 def _write_override_files(name: str, files: dict[str, bytes]) -> Path:
     """Write ``file:<version>/<path>`` overrides into a fresh folder; refuse escaping paths."""
     tmp = Path(tempfile.mkdtemp(prefix="trident-override-"))
@@ -625,14 +631,23 @@ def _write_override_files(name: str, files: dict[str, bytes]) -> Path:
     root.mkdir()
     try:
         for rel, data in files.items():
+            shown = rel if len(rel) <= 80 and rel.isprintable() else repr(rel[:80]) + "..."
             p = PurePosixPath(rel)
+            if ("\0" in rel or len(rel) > MAX_OVERRIDE_PATH or any(len(part.encode()) > 255 for part in p.parts)
+                    or not rel.isprintable()):
+                raise invalid_arg(f"invalid file override path {shown!r} for model '{name}': "
+                                  "not a valid file name (control characters, or a name over 255 bytes)")
             if p.is_absolute() or not p.parts or any(part in ("..", "", ".") for part in p.parts) or "\\" in rel:
-                raise invalid_arg(f"invalid file override path '{rel}' for model '{name}'")
+                raise invalid_arg(f"invalid file override path '{shown}' for model '{name}'")
             target = (root / Path(*p.parts)).resolve()
             if root.resolve() not in target.parents:
-                raise invalid_arg(f"file override path '{rel}' escapes the folder of model '{name}'")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
+                raise invalid_arg(f"file override path '{shown}' escapes the folder of model '{name}'")
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+            except OSError as e:  # never show the server's temporary path
+                raise invalid_arg(f"failed to write file override '{shown}' for model '{name}': "
+                                  f"{e.strerror or type(e).__name__}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

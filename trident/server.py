@@ -217,9 +217,19 @@ class Server:
             self._check_model_known(model)
         return self.tracing.get(model)
 
-    def update_trace_settings(self, model: str, settings: dict[str, Any]) -> dict[str, Any]:
+    def update_trace_settings(self, model: str, settings: dict[str, Any], *,
+                              allow_trace_file: bool = False) -> dict[str, Any]:
+        """Change the global (``model`` "") or a model's trace settings; returns the result.
+
+        Raises TritonError: UNSUPPORTED when ``trace_file`` is among the keys (as Triton, the
+        trace file can be set on the command line only: a client must not pick a path the
+        server writes to) unless ``allow_trace_file`` (in-process callers); INVALID_ARG for an
+        unknown model, key or bad value.
+        """
         if model:
             self._check_model_known(model)
+        if "trace_file" in settings and not allow_trace_file:
+            raise unsupported("trace file location can not be updated through network protocol")
         return self.tracing.update(model, settings)
 
     def _check_model_known(self, model: str) -> None:

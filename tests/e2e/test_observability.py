@@ -261,13 +261,14 @@ def test_trace_file_has_one_entry_per_sampled_request(server_factory, tmp_path):
         ns = [t["ns"] for t in ts]
         assert ns == sorted(ns)
     # TENSORS level through the trace extension: the inputs and outputs of the next sampled request
+    # (the file stays the command line's: a client cannot choose where the server writes)
     settings = http.update_trace_settings("add_sub", {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "1",
-                                                      "trace_file": str(tmp_path / "model.json"),
                                                       "log_frequency": "1"})
     assert settings["trace_level"] == ["TIMESTAMPS", "TENSORS"]
+    assert settings["trace_file"] == str(trace)
     http.infer("add_sub", [a, b], request_id="t")
-    wait_for(lambda: (tmp_path / "model.json.0").exists(), "the TENSORS trace")
-    tensors = [e for e in json.loads((tmp_path / "model.json.0").read_text()) if "activity" in e]
+    wait_for(lambda: (tmp_path / "trace.json.2").exists(), "the TENSORS trace")
+    tensors = [e for e in json.loads((tmp_path / "trace.json.2").read_text()) if "activity" in e]
     by = {(e["activity"], e["tensor"]["name"]): e["tensor"] for e in tensors}
     assert by[("TENSOR_QUEUE_INPUT", "INPUT0")]["data"] == ",".join(f"{i}.0" for i in range(16))
     assert by[("TENSOR_QUEUE_INPUT", "INPUT0")]["shape"] == "1,16"

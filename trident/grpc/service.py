@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import betterproto2
 import trio
 
-from trident.errors import GRPC_INTERNAL, TritonError, invalid_arg, unsupported
+from trident.errors import GRPC_INTERNAL, GRPC_UNAVAILABLE, TritonError, invalid_arg, unsupported
 from trident.execution import FLAG_ONLY
 from trident.grpc.transport import Call, GrpcError, Method
 from trident.protocol import grpc_codec
 from trident.protocol.generated import inference as pb
 from trident.protocol.generated.grpc.health import v1 as health
+from trident.restricted import GRPC_MESSAGE, Restriction, grpc_restrictions
 from trident.stats import Duration, ModelStatistics
 from trident.types import InferenceRequest, InferenceResponse, ParamValue
 
@@ -85,6 +87,33 @@ def _log_value(value: Any) -> pb.LogSettingsResponseSettingValue:
     return pb.LogSettingsResponseSettingValue(string_param=str(value))
 
 
+# restricted protocol group (trident.restricted) of each RPC
+_RPC_CATEGORIES = {
+    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health", "Check": "health",
+    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
+    "ModelInfer": "inference", "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config", "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository", "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory", "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory", "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory", "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace", "LogSettings": "logging",
+}
+
+
+def _restricted(handler: Callable[..., Awaitable[Any]], restriction: Restriction) -> Callable[..., Awaitable[Any]]:
+    """``handler`` behind ``restriction``: a call without the metadata gets UNAVAILABLE (as Triton)."""
+    wanted = restriction.header.encode("latin-1")
+
+    async def guarded(call: Call, *args: Any) -> Any:
+        if not any(key == wanted and restriction.allows(value) for key, value in call.headers):
+            raise GrpcError(GRPC_UNAVAILABLE, GRPC_MESSAGE.format(restriction.header))
+        return await handler(call, *args)
+
+    return guarded
+
+
 class InferenceService:
     """The RPC handlers; :meth:`methods` is the table the transport serves."""
 
@@ -92,6 +121,7 @@ class InferenceService:
         self.server = server
         pattern = getattr(server.options, "grpc_header_forward_pattern", "")
         self.forward = re.compile(pattern, re.IGNORECASE) if pattern else None
+        self.restrictions = grpc_restrictions(server.options)
 
     def methods(self) -> dict[str, Method]:
         unary = {
@@ -112,6 +142,10 @@ class InferenceService:
         table = {f"/{SERVICE}/{name}": Method(handler) for name, handler in unary.items()}
         table[f"/{SERVICE}/ModelStreamInfer"] = Method(self.model_stream_infer, streaming=True)
         table[f"/{HEALTH_SERVICE}/Check"] = Method(self.health_check)
+        for path, method in table.items():
+            restriction = self.restrictions.get(_RPC_CATEGORIES[path.rpartition("/")[2]])
+            if restriction is not None:
+                table[path] = Method(_restricted(method.handler, restriction), method.streaming)
         return table
 
     # ---- health and metadata --------------------------------------------------------------

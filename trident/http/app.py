@@ -28,6 +28,7 @@ from trident.config import config_to_json
 from trident.errors import Code, TritonError, http_status, invalid_arg, unsupported
 from trident.http import generate
 from trident.protocol import kserve
+from trident.restricted import HTTP_MESSAGE, http_restrictions
 from trident.types import InferenceRequest, InferenceResponse
 
 if TYPE_CHECKING:
@@ -192,8 +193,23 @@ async def _infer_and_respond(
 
 
 def make_app(server: Server) -> ASGIApp:
-    """The ASGI application for ``server`` (HTTP scopes and lifespan)."""
+    """The ASGI application for ``server`` (HTTP scopes and lifespan).
+
+    Raises ValueError for a malformed ``--http-restricted-api``.
+    """
     limit = int(server.options.http_max_input_size)
+    restrictions = http_restrictions(server.options)
+
+    def check_restricted(scope: Scope, category: str) -> None:
+        """Raises _HTTPError(403) when ``category`` needs a header the request lacks."""
+        restriction = restrictions.get(category)
+        if restriction is None:
+            return
+        wanted = restriction.header.encode("latin-1")
+        for key, value in scope["headers"]:
+            if key.lower() == wanted and restriction.allows(value):
+                return
+        raise _HTTPError(403, HTTP_MESSAGE.format(restriction.header))
 
     async def infer(scope: Scope, receive: Receive, send: Send, name: str, version: str) -> None:
         header_length: int | None = None
@@ -247,6 +263,8 @@ def make_app(server: Server) -> ASGIApp:
     async def model_route(
         scope: Scope, receive: Receive, send: Send, method: str, name: str, version: str, kind: str
     ) -> None:
+        if restrictions:
+            check_restricted(scope, _MODEL_CATEGORIES[kind])
         if kind == "infer":
             if method != "POST":
                 raise _NOT_ALLOWED
@@ -343,6 +361,8 @@ def make_app(server: Server) -> ASGIApp:
         method: str = scope["method"]
         if path.startswith("/v2/models/"):
             if path == "/v2/models/stats":
+                if restrictions:
+                    check_restricted(scope, "statistics")
                 if method != "GET":
                     raise _NOT_ALLOWED
                 await _send_json(send, {"model_stats": [s.to_json() for s in server.model_statistics()]})
@@ -353,6 +373,10 @@ def make_app(server: Server) -> ASGIApp:
                 await model_route(scope, receive, send, method, name, version or "", kind or "")
                 return
             raise _NOT_FOUND
+        if restrictions:
+            category = _category_of(path)
+            if category is not None:
+                check_restricted(scope, category)
         if path == "/v2/health/live" or path == "/v2/health/ready":
             if method != "GET":
                 raise _NOT_ALLOWED
@@ -399,6 +423,29 @@ def make_app(server: Server) -> ASGIApp:
             )
 
     return app
+
+
+# restricted API group (trident.restricted) of each route
+_MODEL_CATEGORIES = {"infer": "inference", "generate": "inference", "generate_stream": "inference",
+                     "": "metadata", "ready": "health", "config": "model-config", "stats": "statistics",
+                     "trace/setting": "trace"}
+
+
+def _category_of(path: str) -> str | None:
+    """The group of a path outside /v2/models/ (None: no group, e.g. an unknown path)."""
+    if path.startswith("/v2/health/"):
+        return "health"
+    if path == "/v2":
+        return "metadata"
+    if path == "/v2/logging":
+        return "logging"
+    if path == "/v2/trace/setting":
+        return "trace"
+    if path.startswith("/v2/repository/"):
+        return "model-repository"
+    if path.startswith(("/v2/systemsharedmemory", "/v2/cudasharedmemory")):
+        return "shared-memory"
+    return None
 
 
 async def _reply_error(send: Send, status: int, message: str) -> None:
