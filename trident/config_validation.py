@@ -454,9 +454,11 @@ def _inside(root: Path, path: Path) -> bool:
     return path != root and path.is_relative_to(root)
 
 
-def _check_file_name(value: str, what: str, model: str) -> None:
+def _check_file_name(value: str, what: str, model: str, *, relative: bool = True) -> None:
     if "\0" in value or len(value) > 4096 or any(len(part.encode()) > 255 for part in value.split("/")):
         raise invalid_arg(f"{what} of model '{model}' is not a valid file name")
+    if not relative:
+        return
     p = PurePosixPath(value)
     if p.is_absolute() or ".." in p.parts:
         raise invalid_arg(f"{what} '{value}' of model '{model}' must name a file inside the model's folder")
@@ -491,7 +493,8 @@ def confine_model_files(config: ModelConfig, model_dir: Path) -> None:
                 raise invalid_arg(f"parameter {key} '{value}' of model '{name}' must name a file inside the model's folder")
     for output in config.output:
         if output.label_filename:
-            _check_file_name(output.label_filename, f"label file of output '{output.name}'", name)
+            # where it points is checked with the file itself (_validate_label_files)
+            _check_file_name(output.label_filename, f"label file of output '{output.name}'", name, relative=False)
 
 
 def _version_names(root: Path) -> list[str]:

@@ -45,11 +45,26 @@ async def _start_front_ends(server: Server, nursery: trio.Nursery, http_nursery:
         log.info("Started Metrics Service at %s:%s", opts.metrics_address, port)
 
 
+def _warn_open_model_control(opts: ServerOptions) -> None:
+    """A note in the log when any client that reaches a public address may load models."""
+    if opts.model_control_mode != "explicit":
+        return
+    for allowed, address, restricted, flag in (
+            (opts.allow_http, opts.http_address, opts.http_restricted_api, "--http-restricted-api"),
+            (opts.allow_grpc, opts.grpc_address, opts.grpc_restricted_protocol, "--grpc-restricted-protocol")):
+        if allowed and address in ("", "0.0.0.0", "::") and not any(
+                "model-repository" in spec.partition(":")[0].split(",") for spec in restricted):
+            log.warning("explicit model control is open to every client on %s (all interfaces): loads run model "
+                        "code uploaded with them; restrict it with %s=model-repository:<header>=<value>",
+                        address or "0.0.0.0", flag)
+
+
 async def serve(options: ServerOptions) -> int:
     """Run until SIGINT or SIGTERM; returns the process exit status."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         log_settings = LogSettings.from_options(options)
         log_settings.install()
+        _warn_open_model_control(options)
         async with open_server(options, log_settings) as server:
             failed = [e for e in server.repository_index() if e.state == "UNAVAILABLE" and e.reason != "unloaded"]
             if failed and options.exit_on_error:

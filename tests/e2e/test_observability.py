@@ -267,8 +267,9 @@ def test_trace_file_has_one_entry_per_sampled_request(server_factory, tmp_path):
     assert settings["trace_level"] == ["TIMESTAMPS", "TENSORS"]
     assert settings["trace_file"] == str(trace)
     http.infer("add_sub", [a, b], request_id="t")
-    wait_for(lambda: (tmp_path / "trace.json.2").exists(), "the TENSORS trace")
-    tensors = [e for e in json.loads((tmp_path / "trace.json.2").read_text()) if "activity" in e]
+    # new settings start a new file series: trace.json.0 is rewritten with the TENSORS trace
+    wait_for(lambda: "TENSOR_QUEUE_INPUT" in files[0].read_text(), "the TENSORS trace")
+    tensors = [e for e in json.loads(files[0].read_text()) if "activity" in e]
     by = {(e["activity"], e["tensor"]["name"]): e["tensor"] for e in tensors}
     assert by[("TENSOR_QUEUE_INPUT", "INPUT0")]["data"] == ",".join(f"{i}.0" for i in range(16))
     assert by[("TENSOR_QUEUE_INPUT", "INPUT0")]["shape"] == "1,16"

@@ -383,3 +383,34 @@ def test_ensemble_scheduling_needs_ensemble_platform(tmp_path: Path) -> None:
         tmp_path,
         "ensemble scheduling cannot be set for model 'm' whose platform is not ensemble",
     )
+
+
+# ---- model files stay inside the model's folder (confine_model_files) ----------------------------
+
+
+@pytest.mark.parametrize("filename", ["../x.py", "../../etc/x.py", "/etc/passwd", "sub/../../x.py", "a\x00b"])
+def test_default_model_filename_outside_the_version_folder_is_refused(tmp_path, filename):
+    (tmp_path / "1").mkdir()
+    _fails(BASE + f'default_model_filename: "{filename}" ' + IO, tmp_path, "default_model_filename")
+
+
+def test_default_model_filename_symlinked_out_is_refused(tmp_path):
+    (tmp_path / "1").mkdir()
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.py"
+    outside.write_text("x = 1")
+    (tmp_path / "1" / "model.py").symlink_to(outside)
+    _fails(BASE + IO, tmp_path, "must name a file inside its version folder")
+
+
+def test_default_model_filename_inside_the_folder_is_fine(tmp_path):
+    (tmp_path / "1" / "sub").mkdir(parents=True)
+    (tmp_path / "1" / "sub" / "m.py").write_text("x = 1")
+    (tmp_path / "1" / "link.py").symlink_to(tmp_path / "1" / "sub" / "m.py")  # a link within the folder is fine
+    _check(BASE + 'default_model_filename: "sub/m.py" ' + IO, tmp_path)
+    _check(BASE + 'default_model_filename: "link.py" ' + IO, tmp_path)
+
+
+@pytest.mark.parametrize("value", ["/usr/lib/libevil.so", "../libevil.so"])
+def test_file_parameters_outside_the_model_folder_are_refused(tmp_path, value):
+    text = f'name: "m" backend: "openvino" parameters {{ key: "CPU_EXTENSION_PATH" value {{ string_value: "{value}" }} }} '
+    _fails(text + IO, tmp_path, "CPU_EXTENSION_PATH")
