@@ -18,6 +18,14 @@ only moves bytes and drives the ASGI calls:
   connection closed with request bytes unread is shut down for writing and drained first
   (lingering close), so the client reads the response instead of a reset;
 * idle keep-alive connections close after ``keep_alive_timeout`` (between 1x and 2x of it);
+* a request head must arrive whole within ``header_timeout`` of its first byte (of the accept,
+  for a connection's first request): a partial head then gets ``408`` and the connection
+  closes, a connection that sent nothing is closed without a response;
+* a pause longer than ``body_timeout`` while the application waits for body bytes fails the
+  request: the application gets ``http.disconnect``, the client ``408`` and the connection
+  closes;
+* at ``max_connections`` open connections, accepting pauses until one closes (the kernel's
+  backlog holds the clients meanwhile);
 * graceful shutdown: stop accepting, close idle connections, let in-flight requests finish
   within ``graceful_timeout``, then cancel the rest.
 """
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
@@ -57,18 +66,26 @@ LINGER_SECONDS = 2.0  # lingering close: longest pause in what the client still 
 LINGER_TOTAL_SECONDS = 30.0
 WATCH_DELAY = 0.02
 KEEP_ALIVE_TIMEOUT = 75.0
+HEADER_TIMEOUT = 30.0  # the defaults of --http-header-timeout-secs, --http-body-timeout-secs and
+BODY_TIMEOUT = 60.0  # --http-max-connections (trident.options)
+MAX_CONNECTIONS = 4096
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
+_NEVER = math.inf
 
 
 class _State:
     """Settings and live connections of one server."""
 
-    def __init__(self, app: ASGIApp, max_head_size: int, keep_alive_timeout: float) -> None:
+    def __init__(self, app: ASGIApp, max_head_size: int, keep_alive_timeout: float, header_timeout: float,
+                 body_timeout: float, max_connections: int) -> None:
         self.app = app
         self.max_head_size = max_head_size
         self.keep_alive_timeout = keep_alive_timeout
+        self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
+        self.slots = trio.Semaphore(max_connections, max_value=max_connections)  # one per open connection
         self.connections: set[_Connection] = set()
         self.shutting_down = False
 
@@ -80,7 +97,7 @@ class _State:
 
 class _Connection:
     __slots__ = ("state", "stream", "parser", "cancel_scope", "idle", "served", "reaper_mark", "client",
-                 "sockname", "eof", "broken", "linger")
+                 "sockname", "eof", "broken", "linger", "head_deadline")
 
     def __init__(self, state: _State, stream: trio.SocketStream) -> None:
         self.state = state
@@ -93,6 +110,7 @@ class _Connection:
         self.eof = False  # the client closed its side
         self.broken = False  # a write failed
         self.linger = False  # close with request bytes unread: drain before closing
+        self.head_deadline = trio.current_time() + state.header_timeout  # first request: from the accept
         try:
             self.client: tuple[str, int] | None = tuple(stream.socket.getpeername()[:2])  # type: ignore[assignment]
             self.sockname: tuple[str, int] | None = tuple(stream.socket.getsockname()[:2])  # type: ignore[assignment]
@@ -100,22 +118,37 @@ class _Connection:
             self.client = self.sockname = None
 
     async def run(self) -> None:
+        """Serve the connection's requests until it closes; the slot it holds is released at the end."""
         stream = self.stream
         parser = self.parser
+        state = self.state
         try:
             with self.cancel_scope:
                 while True:
                     head = parser.next_head()
                     if head is None:
-                        if self.state.shutting_down:
+                        if state.shutting_down:
                             return
                         self.idle = True
-                        data = await stream.receive_some(RECEIVE_SIZE)
+                        if self.head_deadline == _NEVER:
+                            if parser.buffered:  # the next head has started: the clock runs
+                                self.head_deadline = trio.current_time() + state.header_timeout
+                                continue
+                            data = await stream.receive_some(RECEIVE_SIZE)
+                        else:
+                            data = None
+                            with trio.move_on_at(self.head_deadline):
+                                data = await stream.receive_some(RECEIVE_SIZE)
+                            if data is None and not self.cancel_scope.cancel_called:
+                                if parser.buffered:  # a partial head: answer 408
+                                    raise ProtocolError(HTTPStatus.REQUEST_TIMEOUT, "request head timeout")
+                                return  # nothing sent: close quietly, like an idle keep-alive connection
                         self.idle = False
                         if not data or self.cancel_scope.cancel_called:
                             return
                         parser.feed(data)
                         continue
+                    self.head_deadline = _NEVER
                     if not await self._cycle(head):
                         return
         except ProtocolError as exc:
@@ -124,8 +157,11 @@ class _Connection:
         except _STREAM_ERRORS:
             self.broken = True
         finally:
-            self.state.connections.discard(self)
-            await self._close()
+            state.connections.discard(self)
+            try:
+                await self._close()
+            finally:
+                state.slots.release()
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
         if self.broken:
@@ -257,7 +293,11 @@ class _Cycle:
                     await conn.write(CONTINUE)
                 remaining = parser.body_remaining
                 size = BODY_RECEIVE_SIZE if remaining is None else max(RECEIVE_SIZE, min(remaining, BODY_RECEIVE_SIZE))
-                data = await conn.stream.receive_some(size)
+                data = None
+                with trio.move_on_after(conn.state.body_timeout):
+                    data = await conn.stream.receive_some(size)
+                if data is None:  # the client paused too long: 408 and close
+                    raise ProtocolError(HTTPStatus.REQUEST_TIMEOUT, "request body timeout")
                 if not data:
                     conn.eof = True
                     self.finish()
@@ -353,15 +393,25 @@ class _Cycle:
 
 
 async def _accept_loop(listener: trio.SocketListener, state: _State, nursery: trio.Nursery) -> None:
+    """Accept connections, each holding one of ``state.slots`` (at the limit, accepting waits)."""
+    slots = state.slots
     while True:
+        if slots.value == 0:
+            log.warning("%d HTTP connections are open (--http-max-connections): accepting pauses until one "
+                        "closes", slots.max_value)
+        await slots.acquire()
         try:
             stream = await listener.accept()
         except OSError as exc:
+            slots.release()
             if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
                 raise
             log.error("accept failed (%s): waiting 100 ms", errno.errorcode.get(exc.errno or 0, exc.errno))
             await trio.sleep(0.1)
             continue
+        except BaseException:
+            slots.release()
+            raise
         conn = _Connection(state, stream)
         state.connections.add(conn)
         nursery.start_soon(conn.run, name="trident.http.connection")
@@ -385,6 +435,9 @@ async def serve_asgi(
     shutdown_trigger: Callable[[], Awaitable[Any]] | None = None,
     graceful_timeout: float = 5.0,
     keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT,
+    header_timeout: float = HEADER_TIMEOUT,
+    body_timeout: float = BODY_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
     max_head_size: int = DEFAULT_MAX_HEAD_SIZE,
     backlog: int = 1024,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
@@ -395,13 +448,14 @@ async def serve_asgi(
     Without ``shutdown_trigger`` it serves until cancelled. When ``shutdown_trigger`` returns,
     it stops accepting, closes idle connections, waits up to ``graceful_timeout`` seconds for
     in-flight requests (their responses carry ``connection: close``), cancels what is left, and
-    returns.
+    returns. ``header_timeout``, ``body_timeout`` and ``max_connections`` bound what one client
+    can hold (see the module docstring).
 
     Raises OSError when the address cannot be bound. Cancellation closes the listener and every
     connection and cancels the application calls in flight.
     """
     listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
-    state = _State(app, max_head_size, keep_alive_timeout)
+    state = _State(app, max_head_size, keep_alive_timeout, header_timeout, body_timeout, max_connections)
     try:
         async with trio.open_nursery() as connections:
             async with trio.open_nursery() as accepting:
@@ -436,10 +490,16 @@ async def serve_http_fast(
 
     It reports the bound port through ``task_status``. When ``shutdown_trigger`` returns, it
     stops accepting and finishes in-flight requests (up to the server's ``exit_timeout_secs``).
+    The server's ``http_header_timeout_secs``, ``http_body_timeout_secs`` and
+    ``http_max_connections`` options set the limits of :func:`serve_asgi`.
 
     Raises OSError when the address cannot be bound. Cancellation closes the listener and
     cancels every in-flight request (each is cancelled in the server too).
     """
-    graceful = float(getattr(server.options, "exit_timeout_secs", 5.0))
+    options = server.options
+    graceful = float(getattr(options, "exit_timeout_secs", 5.0))
     await serve_asgi(make_app(server), host=host, port=port, shutdown_trigger=shutdown_trigger,
-                     graceful_timeout=graceful, task_status=task_status)
+                     graceful_timeout=graceful, task_status=task_status,
+                     header_timeout=float(getattr(options, "http_header_timeout_secs", HEADER_TIMEOUT)),
+                     body_timeout=float(getattr(options, "http_body_timeout_secs", BODY_TIMEOUT)),
+                     max_connections=int(getattr(options, "http_max_connections", MAX_CONNECTIONS)))

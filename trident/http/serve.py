@@ -1,8 +1,20 @@
-"""Serve the HTTP front end with hypercorn's trio worker."""
+"""Serve the HTTP front end with hypercorn's trio worker (``--http-server hypercorn``).
+
+trident's own HTTP limits map onto hypercorn's settings where it has one:
+
+* ``http_header_timeout_secs`` and ``http_body_timeout_secs``: hypercorn has a single read
+  timeout, the longest pause in what a client sends (``read_timeout``), so it gets the larger
+  of the two (rounded up to whole seconds). It is a pause limit, not a deadline for the whole
+  head, and it also closes idle keep-alive connections after that pause.
+* The largest request head: ``h11_max_incomplete_size`` is trident's 64 KiB (hypercorn's
+  default is 16 KiB).
+* ``http_max_connections``: hypercorn has no connection cap; the limit is trident-layer only.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -11,6 +23,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
 from trident.http.app import make_app
+from trident.protocol.http1 import DEFAULT_MAX_HEAD_SIZE
 
 if TYPE_CHECKING:
     from trident.server import Server
@@ -18,8 +31,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("trident.http")
 
 
-def hypercorn_config(host: str, port: int, graceful_timeout: float = 5.0) -> Config:
-    """Hypercorn settings for inference traffic: long keep-alive, no request cap, no access log."""
+def hypercorn_config(host: str, port: int, graceful_timeout: float = 5.0, *, header_timeout: float = 30.0,
+                     body_timeout: float = 60.0) -> Config:
+    """Hypercorn settings for inference traffic: long keep-alive, no request cap, no access log.
+
+    ``header_timeout`` and ``body_timeout`` become hypercorn's ``read_timeout`` (see the module).
+    """
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.backlog = 1024  # Triton's listen backlog
@@ -31,6 +48,8 @@ def hypercorn_config(host: str, port: int, graceful_timeout: float = 5.0) -> Con
     config.graceful_timeout = graceful_timeout
     config.h2_max_concurrent_streams = 1000
     config.max_app_queue_size = 16
+    config.read_timeout = max(1, math.ceil(max(header_timeout, body_timeout)))
+    config.h11_max_incomplete_size = DEFAULT_MAX_HEAD_SIZE
     return config
 
 
@@ -51,8 +70,11 @@ async def serve_http(
     Raises OSError when the address cannot be bound. Cancellation closes the listener and
     cancels every in-flight request (each is cancelled in the server too).
     """
-    graceful = float(getattr(server.options, "exit_timeout_secs", 5.0))
-    config = hypercorn_config(host, port, graceful)
+    options = server.options
+    graceful = float(getattr(options, "exit_timeout_secs", 5.0))
+    config = hypercorn_config(host, port, graceful,
+                              header_timeout=float(getattr(options, "http_header_timeout_secs", 30.0)),
+                              body_timeout=float(getattr(options, "http_body_timeout_secs", 60.0)))
     app = make_app(server)
 
     async def run(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:

@@ -457,3 +457,107 @@ def test_cli_selects_the_serving_layer(capsys):
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(["serve", "--http-server", "nginx"])
     assert e.value.code == 2 and "--http-server" in capsys.readouterr().err
+
+
+# ---- timeouts and the connection cap (hardening) ------------------------------------------------
+
+
+async def test_a_slowloris_head_gets_408_within_the_header_timeout():
+    """One byte of the head every 50 ms never completes it: the whole-head deadline fires anyway."""
+    app = Recorder()
+    async with serving(app, header_timeout=0.3) as port:
+        client = await Client.connect(port)
+
+        async def dribble() -> None:
+            for byte in b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 1000:
+                await client.send(bytes([byte]))
+                await trio.sleep(0.05)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(dribble)
+            with trio.fail_after(10):
+                data = await client.read_to_eof()
+            nursery.cancel_scope.cancel()
+    assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n") and b"connection: close\r\n" in data
+    assert app.scopes == []
+
+
+async def test_a_silent_connection_is_closed_after_the_header_timeout():
+    async with serving(Recorder(), header_timeout=0.2) as port:
+        client = await Client.connect(port)
+        with trio.fail_after(10):
+            assert await client.read_to_eof() == b""  # nothing to answer: closed without a response
+
+
+async def test_the_head_timeout_starts_at_the_first_byte_of_a_later_request():
+    """An idle keep-alive connection is the reaper's business, not the header timeout's."""
+    async with serving(Recorder(), header_timeout=0.2) as port:
+        client = await Client.connect(port)
+        await client.send(post(b"/", b"one"))
+        assert (await client.response())[1] == b"one"
+        await trio.sleep(0.5)  # idle longer than the header timeout: still open
+        await client.send(post(b"/", b"two"))
+        assert (await client.response())[1] == b"two"
+        await client.send(b"GET / HTTP/1.1\r\n")  # then a partial head: 408 once it is late
+        with trio.fail_after(10):
+            data = await client.read_to_eof()
+    assert data.startswith(b"HTTP/1.1 408 ")
+
+
+async def test_a_stalled_body_gets_408_and_the_app_sees_a_disconnect():
+    app = Recorder()
+    async with serving(app, body_timeout=0.2) as port:
+        client = await Client.connect(port)
+        await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+        with trio.fail_after(10):
+            data = await client.read_to_eof()
+    assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n") and b"connection: close\r\n" in data
+    assert app.messages[-1] == {"type": "http.disconnect"}
+    assert b"".join(m.get("body", b"") for m in app.messages) == b"abc"
+
+
+async def test_a_slow_but_steady_body_is_not_a_timeout():
+    """The body timeout is the longest pause between body bytes, not a deadline for the body."""
+    app = Recorder()
+    async with serving(app, body_timeout=0.3) as port:
+        client = await Client.connect(port)
+        await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\n")
+        for byte in b"steady":
+            await trio.sleep(0.1)
+            await client.send(bytes([byte]))
+        response, body, _ = await client.response()
+    assert response.status_code == 200 and body == b"steady"
+
+
+async def test_at_the_connection_limit_accepting_pauses_until_one_closes():
+    async with serving(Recorder(), max_connections=2) as port:
+        first, second = await Client.connect(port), await Client.connect(port)
+        for client in (first, second):
+            await client.send(post(b"/", b"held"))
+            assert (await client.response())[1] == b"held"
+        third = await Client.connect(port)  # the kernel completes the handshake (backlog)
+        await third.send(post(b"/", b"third"))
+        with trio.move_on_after(0.5) as waited:
+            await third.stream.receive_some(100)
+        assert waited.cancelled_caught  # not accepted while two connections are open
+        await first.stream.aclose()
+        with trio.fail_after(10):
+            assert (await third.response())[1] == b"third"
+        await second.send(post(b"/", b"still"))
+        assert (await second.response())[1] == b"still"
+
+
+async def test_serve_http_fast_takes_the_limits_from_the_options():
+    options = ServerOptions(model_repositories=[str(Path(EXAMPLE_REPOSITORY))], exit_timeout_secs=5,
+                            http_header_timeout_secs=0.2, http_body_timeout_secs=0.2)
+    async with open_server(options) as server, trio.open_nursery() as nursery:
+        port = await nursery.start(
+            lambda task_status: serve_http_fast(server, host="127.0.0.1", port=0, task_status=task_status))
+        head = await Client.connect(port)
+        await head.send(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")
+        body = await Client.connect(port)
+        await body.send(b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        with trio.fail_after(10):
+            assert (await head.read_to_eof()).startswith(b"HTTP/1.1 408 ")
+            assert (await body.read_to_eof()).startswith(b"HTTP/1.1 408 ")
+        nursery.cancel_scope.cancel()

@@ -154,6 +154,15 @@ def test_config_for_benchmarks() -> None:
     assert hypercorn_config("0.0.0.0", 0).bind == ["0.0.0.0:0"]
 
 
+def test_hypercorn_config_maps_trident_http_limits() -> None:
+    """hypercorn's one read timeout is the larger of the head and body timeouts (whole seconds)."""
+    config = hypercorn_config("127.0.0.1", 0, header_timeout=30.0, body_timeout=60.0)
+    assert config.read_timeout == 60
+    assert config.h11_max_incomplete_size == 64 * 1024  # trident's largest request head
+    assert hypercorn_config("127.0.0.1", 0, header_timeout=0.5, body_timeout=0.2).read_timeout == 1
+    assert hypercorn_config("127.0.0.1", 0, header_timeout=2.5, body_timeout=1.0).read_timeout == 3
+
+
 async def test_client_hang_up_cancels_its_queued_request(tmp_path: Path) -> None:
     repo = tmp_path / "models"
     (repo / "slow" / "1").mkdir(parents=True)
