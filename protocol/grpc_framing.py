@@ -32,9 +32,6 @@ PREFIX_SIZE = PREFIX.size
 # because a message is buffered whole before it is decoded.
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024 * 1024
 
-# a declared length up to this is allocated in one piece; beyond, the buffer grows as data arrives
-_PREALLOCATE_LIMIT = 64 * 1024 * 1024
-
 SUPPORTED_ENCODINGS = ("identity", "gzip")
 ACCEPT_ENCODING = ",".join(SUPPORTED_ENCODINGS)
 
@@ -73,15 +70,16 @@ class MessageDecoder:
     ``payload`` a fresh ``bytearray`` (so numpy arrays decoded from it are writable and own
     no memory of the transport). A declared length above ``max_message_size`` raises
     FramingError(RESOURCE_EXHAUSTED) as soon as the prefix is seen, before the payload arrives.
+    Nothing is allocated on a declaration: the buffer grows as the payload arrives, so
+    :attr:`buffered` is what the peer actually sent.
     """
 
-    __slots__ = ("max_message_size", "_prefix", "_buffer", "_filled", "_compressed", "_length")
+    __slots__ = ("max_message_size", "_prefix", "_buffer", "_compressed", "_length")
 
     def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
         self.max_message_size = max_message_size
         self._prefix = bytearray()
         self._buffer: bytearray | None = None
-        self._filled = 0
         self._compressed = False
         self._length = 0
 
@@ -90,6 +88,17 @@ class MessageDecoder:
         """True while part of a message (or of its prefix) is buffered."""
         return bool(self._prefix) or self._buffer is not None
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held for the message in progress (prefix or payload)."""
+        buffer = self._buffer
+        return len(self._prefix) if buffer is None else len(buffer)
+
+    def discard(self) -> None:
+        """Drop the message in progress (the stream failed)."""
+        self._prefix.clear()
+        self._buffer = None
+
     def feed(self, data: Buffer) -> list[tuple[bool, bytearray]]:
         """Consume one chunk; returns the messages it completed. Raises FramingError."""
         view = memoryview(data)
@@ -97,7 +106,8 @@ class MessageDecoder:
         pos = 0
         out: list[tuple[bool, bytearray]] = []
         while pos < end:
-            if self._buffer is None:
+            buffer = self._buffer
+            if buffer is None:
                 need = PREFIX_SIZE - len(self._prefix)
                 if not self._prefix and end - pos >= PREFIX_SIZE:
                     flag, length = PREFIX.unpack_from(view, pos)
@@ -113,16 +123,16 @@ class MessageDecoder:
                 if length == 0:
                     out.append(self._finish())
                     continue
-            buffer = self._buffer
-            assert buffer is not None
-            take = min(self._length - self._filled, end - pos)
-            if len(buffer) >= self._filled + take:
-                buffer[self._filled : self._filled + take] = view[pos : pos + take]
-            else:
-                buffer += view[pos : pos + take]
-            self._filled += take
+                if end - pos >= length:  # the whole payload is here: one copy, exact size
+                    self._buffer = bytearray(view[pos : pos + length])
+                    pos += length
+                    out.append(self._finish())
+                    continue
+                buffer = self._buffer = bytearray()
+            take = min(self._length - len(buffer), end - pos)
+            buffer += view[pos : pos + take]
             pos += take
-            if self._filled == self._length:
+            if len(buffer) == self._length:
                 out.append(self._finish())
         return out
 
@@ -132,8 +142,7 @@ class MessageDecoder:
         check_size(length, self.max_message_size)
         self._compressed = flag == 1
         self._length = length
-        self._filled = 0
-        self._buffer = bytearray(length) if length <= _PREALLOCATE_LIMIT else bytearray()
+        self._buffer = bytearray() if length == 0 else None
 
     def _finish(self) -> tuple[bool, bytearray]:
         buffer = self._buffer
@@ -144,7 +153,7 @@ class MessageDecoder:
     def close(self) -> None:
         """The stream ended: raises FramingError(INTERNAL) if a message is incomplete."""
         if self.partial:
-            got = len(self._prefix) if self._buffer is None else self._filled
+            got = len(self._prefix) if self._buffer is None else len(self._buffer)
             want = PREFIX_SIZE if self._buffer is None else self._length
             raise FramingError(GRPC_INTERNAL, f"incomplete gRPC message: stream ended after {got} of {want} bytes")
 
@@ -156,10 +165,10 @@ _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1
 
 def parse_timeout(value: str | bytes) -> float:
     """``grpc-timeout`` header value -> seconds. Raises ValueError when malformed."""
-    text = value.decode("ascii") if isinstance(value, (bytes, bytearray)) else value
+    text = value.decode("latin-1") if isinstance(value, (bytes, bytearray)) else value
     digits, unit = text[:-1], text[-1:]
     if not (1 <= len(digits) <= 8 and digits.isdigit() and digits.isascii()) or unit not in _TIMEOUT_UNITS:
-        raise ValueError(f"malformed grpc-timeout {text!r}")
+        raise ValueError(f"malformed grpc-timeout {text!r}: expected 1 to 8 digits and a unit (H, M, S, m, u or n)")
     return int(digits) * _TIMEOUT_UNITS[unit]
 
 
@@ -256,19 +265,49 @@ def gzip_compress(data: Buffer, level: int = 6) -> bytes:
     return compressor.compress(data) + compressor.flush()
 
 
+class GzipInflater:
+    """Inflates one gzip message in steps of bounded output, so that a caller can run the first
+    step inline and the rest in a worker thread, checking for cancellation in between.
+
+    The output never exceeds ``max_size`` (checked while inflating, so a small bomb never grows
+    large). :meth:`step` raises FramingError: RESOURCE_EXHAUSTED when the output would exceed
+    ``max_size``, INTERNAL when the data is not valid gzip.
+    """
+
+    __slots__ = ("max_size", "output", "_inflater", "_input")
+
+    def __init__(self, data: Buffer, max_size: int) -> None:
+        self.max_size = max_size
+        self.output = bytearray()
+        self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._input: Buffer = data
+
+    def step(self, max_output: int) -> bool:
+        """Inflate up to ``max_output`` (> 0) more bytes; True once the message is whole."""
+        budget = min(max_output, self.max_size + 1 - len(self.output))
+        inflater = self._inflater
+        try:
+            chunk = inflater.decompress(self._input, budget)
+        except zlib.error as e:
+            raise FramingError(GRPC_INTERNAL, f"could not decompress gzip message: {e}") from None
+        self._input = inflater.unconsumed_tail
+        self.output += chunk
+        check_size(len(self.output), self.max_size, "decompressed")
+        if inflater.eof:
+            if inflater.unused_data:
+                raise FramingError(GRPC_INTERNAL, "could not decompress gzip message: trailing data")
+            return True
+        if not self._input and len(chunk) < budget:
+            raise FramingError(GRPC_INTERNAL, "could not decompress gzip message: truncated data")
+        return False
+
+
 def gzip_decompress(data: Buffer, max_size: int) -> bytes:
-    """Inflate one gzip message. Raises FramingError: RESOURCE_EXHAUSTED when the output would
-    exceed ``max_size`` (checked while inflating, so a small bomb never grows large),
-    INTERNAL when the data is not valid gzip."""
-    decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = decompressor.decompress(data, max_size + 1)
-    except zlib.error as e:
-        raise FramingError(GRPC_INTERNAL, f"could not decompress gzip message: {e}") from None
-    check_size(len(out), max_size, "decompressed")
-    if not decompressor.eof or decompressor.unused_data:
-        raise FramingError(GRPC_INTERNAL, "could not decompress gzip message: truncated or trailing data")
-    return out
+    """Inflate one gzip message at once. Raises FramingError like :class:`GzipInflater`."""
+    inflater = GzipInflater(data, max_size)
+    while not inflater.step(max_size + 1):
+        pass
+    return bytes(inflater.output)
 
 
 def check_encoding(encoding: str | None) -> None:

@@ -7,26 +7,34 @@ table of :class:`~trident.grpc.transport.Method` (tests use it with their own ha
 Options read from ``server.options`` (tritonserver's flag names): ``grpc_max_message_size``,
 ``grpc_use_ssl``, ``grpc_server_cert``, ``grpc_server_key``, ``grpc_root_cert``,
 ``grpc_use_ssl_mutual``, ``grpc_infer_response_compression_level`` (none|low|medium|high),
-``grpc_header_forward_pattern`` and ``exit_timeout_secs`` (the drain grace period).
+``grpc_header_forward_pattern`` and ``exit_timeout_secs`` (the drain grace period); the
+keepalive and ping policy ``grpc_keepalive_time`` / ``grpc_keepalive_timeout`` (ms),
+``grpc_keepalive_permit_without_calls``, ``grpc_http2_max_pings_without_data``,
+``grpc_http2_min_recv_ping_interval_without_data`` (ms) and ``grpc_http2_max_ping_strikes``;
+and trident's own ``grpc_max_connections`` (at the limit the accept loop pauses until a
+connection closes), ``grpc_handshake_timeout_secs`` (TLS handshake plus the client's preface
+and first SETTINGS, counted from accept), ``grpc_idle_timeout_secs``,
+``grpc_message_timeout_secs`` and ``grpc_max_buffered_bytes`` (see
+:class:`~trident.grpc.transport.TransportConfig`; a time of 0 disables that timer).
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import math
 import ssl
 from typing import Any
 
 import trio
 
-from trident.grpc.transport import Connection, Method, TransportConfig
+from trident.grpc.transport import Connection, Method, ServerBudget, TransportConfig
 from trident.protocol import grpc_framing
 
 log = logging.getLogger("trident.grpc")
 
 # tritonserver --grpc-infer-response-compression-level -> gzip level
 COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 6, "high": 9}
-_HANDSHAKE_TIMEOUT = 10.0
 _ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 
@@ -36,9 +44,26 @@ def transport_config(options: Any) -> TransportConfig:
     if level not in COMPRESSION_LEVELS:
         raise ValueError(f"unknown --grpc-infer-response-compression-level '{level}' "
                          f"(expected one of {', '.join(COMPRESSION_LEVELS)})")
+    d = TransportConfig()
+
+    def ms(name: str, default: float) -> float:
+        return int(getattr(options, name, default * 1000)) / 1000.0
+
     return TransportConfig(
         max_message_size=int(getattr(options, "grpc_max_message_size", grpc_framing.DEFAULT_MAX_MESSAGE_SIZE)),
         compression_level=COMPRESSION_LEVELS[level],
+        max_buffered_bytes=int(getattr(options, "grpc_max_buffered_bytes", d.max_buffered_bytes)),
+        message_timeout=float(getattr(options, "grpc_message_timeout_secs", d.message_timeout)),
+        handshake_timeout=float(getattr(options, "grpc_handshake_timeout_secs", d.handshake_timeout)),
+        idle_timeout=float(getattr(options, "grpc_idle_timeout_secs", d.idle_timeout)),
+        keepalive_time=ms("grpc_keepalive_time", d.keepalive_time),
+        keepalive_timeout=ms("grpc_keepalive_timeout", d.keepalive_timeout),
+        keepalive_permit_without_calls=bool(getattr(options, "grpc_keepalive_permit_without_calls",
+                                                    d.keepalive_permit_without_calls)),
+        max_pings_without_data=int(getattr(options, "grpc_http2_max_pings_without_data", d.max_pings_without_data)),
+        min_recv_ping_interval=ms("grpc_http2_min_recv_ping_interval_without_data", d.min_recv_ping_interval),
+        max_ping_strikes=int(getattr(options, "grpc_http2_max_ping_strikes", d.max_ping_strikes)),
+        max_connections=int(getattr(options, "grpc_max_connections", d.max_connections)),
     )
 
 
@@ -95,23 +120,38 @@ async def serve_methods(
     port: int,
     ssl_context: ssl.SSLContext | None = None,
     grace_period: float = 30.0,
+    budget: ServerBudget | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``methods`` over gRPC until cancelled (see :func:`serve_grpc` for the drain)."""
+    """Serve ``methods`` over gRPC until cancelled (see :func:`serve_grpc` for the drain).
+
+    ``budget`` (default: a new one from ``config``) is shared by all connections; tests pass
+    their own to read its counters."""
     listeners = await trio.open_tcp_listeners(port, host=host or None)
     bound = listeners[0].socket.getsockname()[1]
     connections: set[Connection] = set()
     draining = False
+    if budget is None:
+        budget = ServerBudget(config.max_buffered_bytes, config.worker_threads)
+    slots = trio.Semaphore(max(1, config.max_connections))
 
     async def handle(stream: trio.abc.Stream) -> None:
         try:
+            await _serve_connection(stream)
+        finally:
+            slots.release()
+
+    async def _serve_connection(stream: trio.abc.Stream) -> None:
+        deadline = trio.current_time() + config.handshake_timeout if config.handshake_timeout else math.inf
+        try:
             if ssl_context is not None:
                 stream = trio.SSLStream(stream, ssl_context, server_side=True)
-                with trio.move_on_after(_HANDSHAKE_TIMEOUT) as handshake:
+                with trio.move_on_at(deadline) as handshake:
                     await stream.do_handshake()
                 if handshake.cancelled_caught:
                     raise trio.BrokenResourceError("TLS handshake timed out")
-            conn = Connection(stream, methods, config)
+            conn = Connection(stream, methods, config, budget,
+                              handshake_deadline=deadline if config.handshake_timeout else None)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             log.debug("gRPC connection failed before HTTP/2: %s", e)
             await trio.aclose_forcefully(stream)
@@ -131,7 +171,7 @@ async def serve_methods(
         try:
             async with trio.open_nursery() as acceptors:
                 for listener in listeners:
-                    acceptors.start_soon(_accept_loop, listener, conn_nursery, handle)
+                    acceptors.start_soon(_accept_loop, listener, conn_nursery, handle, slots)
                 log.info("gRPC server listening on %s:%d%s", host, bound, " (TLS)" if ssl_context else "")
                 task_status.started(bound)
         finally:
@@ -155,14 +195,25 @@ async def _connection_nursery(*, task_status: Any = trio.TASK_STATUS_IGNORED) ->
             await stop.wait()
 
 
-async def _accept_loop(listener: trio.SocketListener, nursery: trio.Nursery, handle: Any) -> None:
+async def _accept_loop(listener: trio.SocketListener, nursery: trio.Nursery, handle: Any,
+                       slots: trio.Semaphore) -> None:
+    """Accept while a connection slot is free; ``handle`` releases the slot when it returns."""
+    warned = -math.inf
     while True:
+        if slots.value == 0 and trio.current_time() - warned > 60:
+            warned = trio.current_time()
+            log.warning("gRPC connection limit reached: accepting pauses until a connection closes")
+        await slots.acquire()
         try:
             stream = await listener.accept()
         except OSError as e:
+            slots.release()
             if e.errno not in _ACCEPT_RETRY_ERRNOS:
                 raise
             log.error("accept() failed (%s); retrying in 100 ms", e)
             await trio.sleep(0.1)
             continue
+        except BaseException:
+            slots.release()
+            raise
         nursery.start_soon(handle, stream)

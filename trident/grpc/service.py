@@ -44,11 +44,19 @@ def _reply(message: betterproto2.Message) -> tuple[list[bytes], int]:
     return [data], len(data)
 
 
-def _parse(cls: type[Any], data: bytearray) -> Any:
+def _parse_now(cls: type[Any], data: bytearray) -> Any:
     try:
         return cls.parse(bytes(data))
     except Exception as e:  # betterproto2 raises EOFError, ValueError, KeyError... on bad input
         raise GrpcError(GRPC_INTERNAL, f"failed to parse {cls.__name__}: {e}") from None
+
+
+async def _parse(call: Call, cls: type[Any], data: bytearray) -> Any:
+    """Decode a betterproto2 message: inline when small, in a worker thread from
+    ``offload_size`` bytes (the call's task waits for it). Raises GrpcError(INTERNAL)."""
+    if len(data) < call.conn.config.offload_size:
+        return _parse_now(cls, data)
+    return await call.run_sync(_parse_now, cls, data)
 
 
 def _duration(d: Duration) -> pb.StatisticDuration:
@@ -151,31 +159,31 @@ class InferenceService:
     # ---- health and metadata --------------------------------------------------------------
 
     async def server_live(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        _parse(pb.ServerLiveRequest, data)
+        await _parse(call, pb.ServerLiveRequest, data)
         return _reply(pb.ServerLiveResponse(live=self.server.is_live()))
 
     async def server_ready(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        _parse(pb.ServerReadyRequest, data)
+        await _parse(call, pb.ServerReadyRequest, data)
         return _reply(pb.ServerReadyResponse(ready=self.server.is_ready()))
 
     async def model_ready(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        request = _parse(pb.ModelReadyRequest, data)
+        request = await _parse(call, pb.ModelReadyRequest, data)
         return _reply(pb.ModelReadyResponse(ready=await self.server.probe_model_ready(request.name, request.version)))
 
     async def health_check(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        _parse(health.HealthCheckRequest, data)
+        await _parse(call, health.HealthCheckRequest, data)
         status = (health.HealthCheckResponseServingStatus.SERVING if self.server.is_ready()
                   else health.HealthCheckResponseServingStatus.NOT_SERVING)
         return _reply(health.HealthCheckResponse(status=status))
 
     async def server_metadata(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        _parse(pb.ServerMetadataRequest, data)
+        await _parse(call, pb.ServerMetadataRequest, data)
         meta = self.server.metadata()
         return _reply(pb.ServerMetadataResponse(
             name=meta["name"], version=meta["version"], extensions=list(meta["extensions"])))
 
     async def model_metadata(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        request = _parse(pb.ModelMetadataRequest, data)
+        request = await _parse(call, pb.ModelMetadataRequest, data)
         meta = self.server.model_metadata(request.name, request.version)
 
         def tensors(items: list[dict[str, Any]]) -> list[pb.ModelMetadataResponseTensorMetadata]:
@@ -187,25 +195,25 @@ class InferenceService:
             inputs=tensors(meta["inputs"]), outputs=tensors(meta["outputs"])))
 
     async def model_config(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        request = _parse(pb.ModelConfigRequest, data)
+        request = await _parse(call, pb.ModelConfigRequest, data)
         return _reply(pb.ModelConfigResponse(config=self.server.model_config(request.name, request.version)))
 
     async def model_statistics(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        request = _parse(pb.ModelStatisticsRequest, data)
+        request = await _parse(call, pb.ModelStatisticsRequest, data)
         stats = self.server.model_statistics(request.name, request.version)
         return _reply(pb.ModelStatisticsResponse(model_stats=[statistics_message(s) for s in stats]))
 
     # ---- repository -----------------------------------------------------------------------
 
     async def repository_index(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        request = _parse(pb.RepositoryIndexRequest, data)
+        request = await _parse(call, pb.RepositoryIndexRequest, data)
         entries = self.server.repository_index(request.ready)
         return _reply(pb.RepositoryIndexResponse(models=[
             pb.RepositoryIndexResponseModelIndex(name=e.name, version=e.version, state=e.state, reason=e.reason)
             for e in entries]))
 
     async def repository_model_load(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        request = _parse(pb.RepositoryModelLoadRequest, data)
+        request = await _parse(call, pb.RepositoryModelLoadRequest, data)
         config: str | None = None
         files: dict[str, bytes] = {}
         for key, param in request.parameters.items():
@@ -224,7 +232,7 @@ class InferenceService:
         return _reply(pb.RepositoryModelLoadResponse())
 
     async def repository_model_unload(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        request = _parse(pb.RepositoryModelUnloadRequest, data)
+        request = await _parse(call, pb.RepositoryModelUnloadRequest, data)
         dependents = False
         param = request.parameters.get("unload_dependents")
         if param is not None:
@@ -244,13 +252,13 @@ class InferenceService:
     # ---- settings -------------------------------------------------------------------------
 
     async def log_settings(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        request = _parse(pb.LogSettingsRequest, data)
+        request = await _parse(call, pb.LogSettingsRequest, data)
         changes = {key: betterproto2.which_one_of(v, "parameter_choice")[1] for key, v in request.settings.items()}
         current = self.server.update_log_settings(changes) if changes else self.server.log_settings()
         return _reply(pb.LogSettingsResponse(settings={k: _log_value(v) for k, v in current.items()}))
 
     async def trace_setting(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        request = _parse(pb.TraceSettingRequest, data)
+        request = await _parse(call, pb.TraceSettingRequest, data)
         changes = {key: (list(v.value) or None) for key, v in request.settings.items()}
         if changes:
             current = self.server.update_trace_settings(request.model_name, changes)
@@ -262,9 +270,14 @@ class InferenceService:
 
     # ---- inference ------------------------------------------------------------------------
 
-    def _request(self, call: Call, data: bytearray) -> InferenceRequest:
+    async def _request(self, call: Call, data: bytearray) -> InferenceRequest:
+        """Decode a ModelInferRequest: inline when small, in a worker thread from ``offload_size``
+        bytes (the call's task waits for it). Raises GrpcError(INTERNAL) for a bad message."""
         try:
-            request = grpc_codec.decode_model_infer_request(data)
+            if len(data) < call.conn.config.offload_size:
+                request = grpc_codec.decode_model_infer_request(data)
+            else:
+                request = await call.run_sync(grpc_codec.decode_model_infer_request, data)
         except grpc_codec.DecodeError as e:
             raise GrpcError(GRPC_INTERNAL, f"failed to parse ModelInferRequest: {e}") from None
         if self.forward is not None:
@@ -275,7 +288,7 @@ class InferenceService:
 
     async def model_infer(self, call: Call, data: bytearray) -> tuple[list[Any], int]:
         """ModelInfer. Raises TritonError (decoupled models: UNSUPPORTED -> UNIMPLEMENTED)."""
-        request = self._request(call, data)
+        request = await self._request(call, data)
         response = await self.server.infer(request, endpoint="ModelInfer RPC")
         call.compress_responses = True
         return grpc_codec.encode_model_infer_response(response)
@@ -295,7 +308,7 @@ class InferenceService:
                     break
                 await slots.acquire()
                 try:
-                    request = self._request(call, data)
+                    request = await self._request(call, data)
                 except (GrpcError, TritonError) as e:
                     slots.release()
                     await self._send_error(call, InferenceResponse(), e.message)

@@ -11,6 +11,27 @@ no more window until the handler catches up, so a slow handler holds at most one
 of buffered data and never stalls the other streams (the connection window is widened to the
 maximum). Sends wait for the peer's windows; a peer that never reads blocks only its own calls.
 
+Limits (every size, count and time a client controls is bounded; see :class:`TransportConfig`):
+
+* a :class:`~trident.protocol.h2_guard.FrameGuard` reads the frame headers of every chunk before
+  h2 does: rapid resets, control-frame floods and oversized header blocks get GOAWAY
+  ENHANCE_YOUR_CALM, and a chunk is handed to h2 in slices of at most 64 frames with a
+  checkpoint between them; client PINGs follow gRPC core's strike policy
+  (:class:`~trident.protocol.h2_guard.PingPolicy`);
+* a HEADERS frame beyond MAX_CONCURRENT_STREAMS is refused with RST_STREAM(REFUSED_STREAM)
+  (h2's own limit is set higher, so it never ends the connection), and a header list beyond
+  MAX_HEADER_LIST_SIZE fails its stream with RESOURCE_EXHAUSTED after HPACK decoded it;
+* request bytes held by the transport (messages in progress and messages not yet taken by
+  their handler) count against a per-connection and a per-server (:class:`ServerBudget`)
+  budget: the stream whose DATA would exceed one fails with RESOURCE_EXHAUSTED; a started
+  message must complete within ``message_timeout`` (else DEADLINE_EXCEEDED);
+* one watchdog task per connection enforces the handshake deadline (preface and first
+  SETTINGS), the idle timeout (GOAWAY NO_ERROR after no call for that long) and keepalive
+  (PING after ``keepalive_time`` without inbound bytes, close when no ACK comes within
+  ``keepalive_timeout``);
+* gzip messages inflate inline up to 1 MiB of output, the rest in worker threads (bounded
+  by the server's limiter) in steps that the call's task awaits (:meth:`Call.run_sync`).
+
 Handlers are :class:`Method` entries keyed by ``/package.Service/Method``. A unary handler gets
 the request message and returns the response as ``(parts, size)``; a streaming handler uses
 :meth:`Call.recv` and :meth:`Call.send_message`. Handlers raise :class:`GrpcError`,
@@ -41,11 +62,14 @@ from trident.errors import (
     GRPC_INTERNAL,
     GRPC_INVALID_ARGUMENT,
     GRPC_OK,
+    GRPC_RESOURCE_EXHAUSTED,
     GRPC_UNIMPLEMENTED,
     TritonError,
 )
 from trident.protocol import grpc_framing as framing
+from trident.protocol import h2_guard
 from trident.protocol.grpc_framing import FramingError
+from trident.protocol.h2_guard import FrameGuard, GuardLimits, PingPolicy
 
 log = logging.getLogger("trident.grpc")
 
@@ -63,6 +87,12 @@ Parts = Sequence[Any]  # buffers: bytes, bytearray, memoryview or 1-D uint8 nump
 
 _RECEIVE_SIZE = 256 * 1024
 _MAX_WINDOW = 2**31 - 1
+_H2_MAX_STREAMS = 2**31 - 1  # h2's own limit ends the connection; trident refuses streams first
+_INLINE_INFLATE = 1024 * 1024  # gzip output inflated on the event loop; the rest in worker threads
+_THREAD_INFLATE = 16 * 1024 * 1024  # gzip output per worker-thread step (cancellation between steps)
+_KEEPALIVE_PING = b"trident\x00"
+_LINGER_SECS = 1.0  # after a GOAWAY for abuse: read and drop what the client still sends, then close
+_LINGER_BYTES = 16 * 1024 * 1024
 _H2_CONFIG = h2.config.H2Configuration(
     client_side=False,
     header_encoding=None,
@@ -90,13 +120,51 @@ class Method:
 
 @dataclass(frozen=True)
 class TransportConfig:
-    """HTTP/2 and gRPC limits of one server (trident.grpc.serve.transport_config builds it from the options)."""
+    """HTTP/2 and gRPC limits of one server (trident.grpc.serve.transport_config builds it from the options).
+
+    Times in seconds; a timeout of 0 disables it.
+    """
 
     max_message_size: int = framing.DEFAULT_MAX_MESSAGE_SIZE
-    max_concurrent_streams: int = 1000
+    max_concurrent_streams: int = 1000  # advertised; a stream beyond it gets RST_STREAM(REFUSED_STREAM)
     initial_window_size: int = 1024 * 1024
     max_frame_size: int = 1024 * 1024
     compression_level: int = 0  # gzip level for responses a handler marks compressible; 0 = off
+    max_header_list_size: int = 64 * 1024  # advertised; a larger header list fails its stream
+    max_header_list_hard: int = 1024 * 1024  # decoded header list that ends the connection (HPACK bomb)
+    guard: GuardLimits = GuardLimits()
+    max_buffered_bytes: int = 2 * 1024 * 1024 * 1024  # request bytes buffered, all connections
+    max_connection_buffered: int = 0  # per connection; 0: max(2 x max_message_size, 256 MiB), capped
+    message_timeout: float = 60.0  # a started request message must be complete within this
+    handshake_timeout: float = 10.0  # TLS handshake + the client's preface and first SETTINGS
+    idle_timeout: float = 300.0  # no call for this long: GOAWAY NO_ERROR and close
+    keepalive_time: float = 7200.0  # PING after this long without inbound bytes (calls open)
+    keepalive_timeout: float = 20.0  # ... and close when its ACK does not come within this
+    keepalive_permit_without_calls: bool = False  # ping (and accept pings) with no call open
+    max_pings_without_data: int = 2  # keepalive PINGs between two DATA/HEADERS sent; 0 = unlimited
+    min_recv_ping_interval: float = 300.0  # client PINGs closer than this without data: a strike
+    max_ping_strikes: int = 2  # strikes beyond this: GOAWAY ENHANCE_YOUR_CALM; 0 = unlimited
+    max_connections: int = 4096  # open connections; at the limit the accept loop pauses
+    offload_size: int = 1024 * 1024  # messages from this size decode in a worker thread
+    worker_threads: int = 2  # worker threads for decompression and large decodes, all connections
+
+    @property
+    def connection_buffer_limit(self) -> int:
+        """Request bytes one connection may have buffered."""
+        if self.max_connection_buffered:
+            return min(self.max_connection_buffered, self.max_buffered_bytes)
+        return min(max(2 * self.max_message_size, 256 * 1024 * 1024), self.max_buffered_bytes)
+
+
+class ServerBudget:
+    """What the connections of one server share: the request bytes they buffer (``buffered``,
+    its high-water mark ``peak``, at most ``limit``) and the worker-thread limiter."""
+
+    def __init__(self, limit: int, threads: int = 2) -> None:
+        self.limit = limit
+        self.buffered = 0
+        self.peak = 0
+        self.limiter = trio.CapacityLimiter(max(1, threads))
 
 
 class Call:
@@ -117,6 +185,9 @@ class Call:
         self.scope: trio.CancelScope | None = None
         self._decoder = framing.MessageDecoder(conn.config.max_message_size)
         self._queue: deque[tuple[bool, bytearray]] = deque()
+        self._queued = 0  # bytes of the messages in _queue
+        self._held = 0  # bytes this call has charged to the budgets
+        self.partial_since = math.inf  # when the message in progress started (inf: none)
         self._ended = False
         self._error: FramingError | None = None
         self._unacked = 0
@@ -135,22 +206,56 @@ class Call:
     # ---- receiving ------------------------------------------------------------------------
 
     def _on_data(self, data: bytes, flow_length: int) -> None:
+        conn = self.conn
         if self._error is not None:
-            self.conn._ack(flow_length, self.stream_id)
+            conn._ack(flow_length, self.stream_id)
+            return
+        if len(data) > conn._room():
+            self._fail(FramingError(GRPC_RESOURCE_EXHAUSTED, conn._budget_message(len(data))))
+            conn._ack(flow_length, self.stream_id)
             return
         held = bool(self._queue)
+        decoder = self._decoder
         try:
-            messages = self._decoder.feed(data)
+            messages = decoder.feed(data)
         except FramingError as e:
-            self._error = e
-            messages = []
-            held = False
+            self._fail(e)
+            conn._ack(flow_length, self.stream_id)
+            return
         if held:
             self._unacked += flow_length
         else:
-            self.conn._ack(flow_length, self.stream_id)
-        self._queue.extend(messages)
+            conn._ack(flow_length, self.stream_id)
+        if messages:
+            self._queue.extend(messages)
+            for _, message in messages:
+                self._queued += len(message)
+        now_held = decoder.buffered + self._queued
+        if now_held != self._held:
+            conn._charge(now_held - self._held)
+            self._held = now_held
+        if decoder.partial:
+            if messages or self.partial_since == math.inf:
+                conn._message_started(self)
+        else:
+            self.partial_since = math.inf
+        if messages:
+            self._wake()
+
+    def _fail(self, error: FramingError) -> None:
+        """The stream cannot go on receiving: drop what it buffered; recv() raises ``error``."""
+        self._error = error
+        self._decoder.discard()
+        self._queue.clear()
+        self._queued = 0
+        self.partial_since = math.inf
+        self._release()
         self._wake()
+
+    def _release(self) -> None:
+        if self._held:
+            self.conn._charge(-self._held)
+            self._held = 0
 
     def _on_end(self) -> None:
         self._ended = True
@@ -182,6 +287,10 @@ class Call:
             self._wakeup = event = trio.Event()
             await event.wait()
         compressed, message = self._queue.popleft()
+        size = len(message)
+        self._queued -= size
+        self._held -= size
+        self.conn._charge(-size)
         if not self._queue and self._unacked:
             self.conn._ack(self._unacked, self.stream_id)
             self._unacked = 0
@@ -189,8 +298,35 @@ class Call:
         if compressed:
             if self.encoding in (None, "identity"):
                 raise FramingError(GRPC_INTERNAL, "compressed message received without a grpc-encoding")
-            return bytearray(framing.gzip_decompress(message, self.conn.config.max_message_size))
+            return await self._inflate(message)
         return message
+
+    async def _inflate(self, message: bytearray) -> bytearray:
+        """gzip-inflate a message: the first MiB of output inline, the rest in worker-thread steps
+        whose output is charged to the buffer budgets while it grows. Raises FramingError
+        (RESOURCE_EXHAUSTED over the message size or a budget, INTERNAL for bad gzip)."""
+        conn = self.conn
+        inflater = framing.GzipInflater(message, conn.config.max_message_size)
+        if inflater.step(_INLINE_INFLATE):
+            return inflater.output
+        charged = 0
+        try:
+            while True:
+                if _THREAD_INFLATE > conn._room():
+                    raise FramingError(GRPC_RESOURCE_EXHAUSTED, conn._budget_message(_THREAD_INFLATE))
+                conn._charge(_THREAD_INFLATE)
+                charged += _THREAD_INFLATE
+                if await self.run_sync(inflater.step, _THREAD_INFLATE):
+                    return inflater.output
+        finally:
+            conn._charge(-charged)
+
+    async def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` in one of the server's worker threads and wait for it.
+
+        The call's task owns the thread: cancellation is noticed before the thread starts and
+        after it returns, never by abandoning it. Raises what ``fn`` raises."""
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.conn.budget.limiter)
 
     async def recv_unary(self) -> bytearray:
         """The single request message of a unary call. Raises FramingError / GrpcError(INTERNAL)."""
@@ -245,14 +381,26 @@ def _response_headers(compressed: bool) -> list[tuple[bytes, bytes]]:
 
 
 class Connection:
-    """One HTTP/2 connection. :meth:`run` serves it until the peer leaves or a drain completes."""
+    """One HTTP/2 connection. :meth:`run` serves it until the peer leaves or a drain completes.
 
-    def __init__(self, stream: trio.abc.Stream, methods: dict[str, Method], config: TransportConfig) -> None:
+    ``budget`` is shared by the connections of one server (a private one when None);
+    ``handshake_deadline`` (trio time) is when the client's preface and first SETTINGS must
+    have arrived (default: ``config.handshake_timeout`` after :meth:`run` starts).
+    """
+
+    def __init__(self, stream: trio.abc.Stream, methods: dict[str, Method], config: TransportConfig,
+                 budget: ServerBudget | None = None, *, handshake_deadline: float | None = None) -> None:
         self.stream = stream
         self.methods = methods
         self.config = config
+        self.budget = budget if budget is not None else ServerBudget(config.max_buffered_bytes, config.worker_threads)
         self.h2 = h2.connection.H2Connection(_H2_CONFIG)
         self.calls: dict[int, Call] = {}
+        #: request bytes this connection holds (messages in progress and not yet handled)
+        self.buffered = 0
+        #: the reason of the GOAWAY ENHANCE_YOUR_CALM sent, if any
+        self.abuse: str | None = None
+        self._buffer_limit = config.connection_buffer_limit
         self._send_lock = trio.StrictFIFOLock()
         self._window_event = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -260,31 +408,58 @@ class Connection:
         self._drain = trio.Event()
         self._draining = False
         self._broken = False
+        now = trio.current_time()
+        self.guard = FrameGuard(config.guard, now, max_frame_size=config.max_frame_size)
+        self._pings = PingPolicy(config.min_recv_ping_interval, config.max_ping_strikes,
+                                 config.keepalive_permit_without_calls)
+        self._handshake_deadline = handshake_deadline
+        self._last_received = now
+        self._idle_since = now
+        self._sends = 0  # DATA/HEADERS sends so far (the ping policies reset on them)
+        self._sends_at_ping = 0  # ... as of the last client PING
+        self._sends_at_keepalive = 0  # ... as of the last keepalive PING we sent
+        self._keepalives_without_data = 0
+        self._ping_sent_at: float | None = None  # our keepalive PING awaiting its ACK
+        self._timer: trio.CancelScope | None = None  # the watchdog's sleep
 
     # ---- lifecycle ------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve until the peer disconnects, a protocol error, or a requested drain finishes.
-
-        Cancelling it cancels every call on the connection.
+        """Serve until the peer disconnects, a protocol error, abuse, a timeout, or a requested
+        drain finishes. Cancelling it cancels every call on the connection.
         """
         h2c = self.h2
+        config = self.config
         # Our settings go in the first SETTINGS frame and apply at once: set with update_settings()
         # after initiate_connection() they would wait for the client's ACK, and a client opening
         # more than h2's default 100 streams before that ACK would get a connection error.
-        h2c.local_settings = h2.settings.Settings(client=False, initial_values={
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.config.max_concurrent_streams,
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: self.config.initial_window_size,
-            h2.settings.SettingCodes.MAX_FRAME_SIZE: self.config.max_frame_size,
-            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: h2c.DEFAULT_MAX_HEADER_LIST_SIZE,
-        })
-        h2c.max_inbound_frame_size = self.config.max_frame_size  # h2 copied the default in __init__
+        advertised = {
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: config.max_concurrent_streams,
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: config.initial_window_size,
+            h2.settings.SettingCodes.MAX_FRAME_SIZE: config.max_frame_size,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: config.max_header_list_size,
+        }
+        h2c.local_settings = h2.settings.Settings(client=False, initial_values=advertised)
+        h2c.max_inbound_frame_size = config.max_frame_size  # h2 copied the default in __init__
         h2c.initiate_connection()
+        # h2 enforces its local settings by ending the connection (TooManyStreamsError, an
+        # oversized header list mid-decode): it gets higher limits than the advertised ones,
+        # which trident enforces as stream errors once the header block is decoded, so the
+        # HPACK state stays in step.
+        h2c.local_settings = h2.settings.Settings(client=False, initial_values={
+            **advertised,
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: _H2_MAX_STREAMS,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: config.max_header_list_hard,
+        })
+        h2c.decoder.max_header_list_size = config.max_header_list_hard
         h2c.increment_flow_control_window(_MAX_WINDOW - 65535)  # the connection window starts at 65535
+        if self._handshake_deadline is None and config.handshake_timeout:
+            self._handshake_deadline = trio.current_time() + config.handshake_timeout
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._drainer)
+                nursery.start_soon(self._watchdog)
                 await self._flush()
                 with self._reader_scope:
                     await self._read_loop()
@@ -300,6 +475,8 @@ class Connection:
                             except (h2.exceptions.ProtocolError, trio.BrokenResourceError,
                                     trio.ClosedResourceError):
                                 pass
+                elif self.abuse is not None:
+                    await self._linger()
                 await trio.aclose_forcefully(self.stream)
 
     def start_drain(self) -> None:
@@ -322,7 +499,13 @@ class Connection:
         if self._draining and not self.calls:
             self._reader_scope.cancel()
 
+    def _close(self, why: str) -> None:
+        """End the connection now (a timeout): the reader stops, the calls are cancelled."""
+        log.debug("closing gRPC connection: %s", why)
+        self._reader_scope.cancel()
+
     async def _read_loop(self) -> None:
+        guard = self.guard
         while True:
             try:
                 data = await self.stream.receive_some(_RECEIVE_SIZE)
@@ -331,16 +514,65 @@ class Connection:
                 return
             if not data:
                 return
-            try:
-                events = self.h2.receive_data(data)
-            except h2.exceptions.ProtocolError as e:
-                log.debug("HTTP/2 protocol error from peer: %s", e)
-                await self._flush()
-                self._broken = True  # h2 already queued (and we sent) its GOAWAY
+            now = self._last_received = trio.current_time()
+            cuts = guard.feed(data, now)
+            if guard.abuse is not None:
+                await self._calm(guard.abuse)
                 return
-            for event in events:
-                self._handle(event)
+            if cuts:  # a chunk of many frames: h2 gets it in slices, other tasks run in between
+                start = 0
+                for cut in [*cuts, len(data)]:
+                    if not await self._receive(data[start:cut]):
+                        return
+                    start = cut
+            elif not await self._receive(data):
+                return
+
+    async def _receive(self, data: bytes | bytearray) -> bool:
+        """Feed one slice to h2 and act on its events; False once the connection must end."""
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError as e:
+            log.debug("HTTP/2 protocol error from peer: %s", e)
             await self._flush()
+            self._broken = True  # h2 already queued (and we sent) its GOAWAY
+            return False
+        for event in events:
+            self._handle(event)
+        if self.abuse is not None:
+            await self._calm(self.abuse)
+            return False
+        await self._flush()
+        return True
+
+    async def _calm(self, reason: str) -> None:
+        """GOAWAY ENHANCE_YOUR_CALM with ``reason`` as debug data; the connection then closes."""
+        log.warning("gRPC client abuse (%s): GOAWAY ENHANCE_YOUR_CALM", reason)
+        self.abuse = reason
+        goaway = GoAwayFrame(0)
+        goaway.last_stream_id = self.h2.highest_inbound_stream_id
+        goaway.error_code = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        goaway.additional_data = reason.encode("ascii")
+        async with self._send_lock:
+            await self._send_raw(self.h2.data_to_send() + goaway.serialize())
+        self._broken = True  # nothing more is sent
+
+    async def _linger(self) -> None:
+        """After a GOAWAY for abuse: half-close, then read and drop what the client still sends
+        (bounded in time and bytes), so that closing does not reset the connection before the
+        client has read the GOAWAY."""
+        with trio.move_on_after(_LINGER_SECS):
+            try:
+                if isinstance(self.stream, trio.abc.HalfCloseableStream):
+                    await self.stream.send_eof()
+                dropped = 0
+                while dropped < _LINGER_BYTES:
+                    data = await self.stream.receive_some(_RECEIVE_SIZE)
+                    if not data:
+                        break
+                    dropped += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
 
     def _handle(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.DataReceived):
@@ -362,11 +594,124 @@ class Connection:
         elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
             self._window_event.set()
             self._window_event = trio.Event()
+        elif isinstance(event, h2.events.PingReceived):
+            if self._sends != self._sends_at_ping:
+                self._sends_at_ping = self._sends
+                self._pings.reset()
+            if self._pings.received_ping(self._last_received, not self.calls):
+                self.abuse = h2_guard.TOO_MANY_PINGS
+        elif isinstance(event, h2.events.PingAckReceived):
+            if event.ping_data == _KEEPALIVE_PING:
+                self._ping_sent_at = None
         elif isinstance(event, h2.events.ConnectionTerminated):
             self._drain.set()
             if event.error_code != h2.errors.ErrorCodes.NO_ERROR:
                 for call in self.calls.values():
                     call._on_reset()
+
+    # ---- budgets and timers ---------------------------------------------------------------
+
+    def _room(self) -> int:
+        """Request bytes this connection may still buffer (its own budget and the server's)."""
+        budget = self.budget
+        return min(self._buffer_limit - self.buffered, budget.limit - budget.buffered)
+
+    def _budget_message(self, size: int) -> str:
+        budget = self.budget
+        if self._buffer_limit - self.buffered < size:
+            return (f"request bytes buffered on this connection would exceed the limit "
+                    f"({self.buffered + size} vs. {self._buffer_limit})")
+        return (f"request bytes buffered by the server would exceed the limit "
+                f"({budget.buffered + size} vs. {budget.limit})")
+
+    def _charge(self, size: int) -> None:
+        self.buffered += size
+        budget = self.budget
+        budget.buffered += size
+        if budget.buffered > budget.peak:
+            budget.peak = budget.buffered
+
+    def _message_started(self, call: Call) -> None:
+        now = call.partial_since = trio.current_time()
+        if self.config.message_timeout:
+            self._arm(now + self.config.message_timeout)
+
+    def _arm(self, deadline: float) -> None:
+        """Wake the watchdog by ``deadline`` at the latest."""
+        timer = self._timer
+        if timer is not None and deadline < timer.deadline:
+            timer.deadline = deadline
+
+    async def _watchdog(self) -> None:
+        """Handshake, idle, keepalive and partial-message timers of this connection."""
+        while True:
+            wake = await self._check_timers(trio.current_time())
+            with trio.CancelScope(deadline=wake) as self._timer:
+                await trio.sleep_forever()
+            self._timer = None
+
+    async def _check_timers(self, now: float) -> float:
+        """Act on the timers that are due; returns when to look again."""
+        config = self.config
+        wake = math.inf
+        deadline = self._handshake_deadline
+        if deadline is not None:
+            if self.guard.handshake_done:
+                self._handshake_deadline = None
+            elif now >= deadline:
+                self._close("no HTTP/2 preface and SETTINGS within the handshake timeout")
+                return math.inf
+            else:
+                wake = deadline
+        if config.idle_timeout and not self.calls and not self._draining:
+            deadline = self._idle_since + config.idle_timeout
+            if now >= deadline:
+                log.debug("gRPC connection idle for %.1f s: GOAWAY", config.idle_timeout)
+                self.start_drain()
+            else:
+                wake = min(wake, deadline)
+        if config.keepalive_time:
+            wake = min(wake, await self._keepalive(now))
+        if config.message_timeout:
+            for call in list(self.calls.values()):
+                deadline = call.partial_since + config.message_timeout
+                if now >= deadline:
+                    call._fail(FramingError(
+                        GRPC_DEADLINE_EXCEEDED,
+                        f"request message not received whole within {config.message_timeout:g} s"))
+                else:
+                    wake = min(wake, deadline)
+        return wake
+
+    async def _keepalive(self, now: float) -> float:
+        config = self.config
+        sent = self._ping_sent_at
+        if sent is not None:
+            if self._last_received > sent:
+                self._ping_sent_at = None  # the peer is alive: any bytes will do
+            elif now >= sent + config.keepalive_timeout:
+                self._close("keepalive PING not acknowledged")
+                return math.inf
+            else:
+                return sent + config.keepalive_timeout
+        due = self._last_received + config.keepalive_time
+        if now < due:
+            return due
+        if not (self.calls or config.keepalive_permit_without_calls):
+            return now + config.keepalive_time
+        if self._sends != self._sends_at_keepalive:
+            self._sends_at_keepalive = self._sends
+            self._keepalives_without_data = 0
+        if config.max_pings_without_data and self._keepalives_without_data >= config.max_pings_without_data:
+            return now + config.keepalive_time  # gRPC core sends no more until data goes out
+        self._keepalives_without_data += 1
+        self._ping_sent_at = now
+        try:
+            self.h2.ping(_KEEPALIVE_PING)
+        except h2.exceptions.ProtocolError:
+            return math.inf
+        await self._flush()
+        return now + config.keepalive_timeout
 
     # ---- calls ----------------------------------------------------------------------------
 
@@ -375,9 +720,23 @@ class Connection:
         if self._draining:
             self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
+        if len(self.calls) >= self.config.max_concurrent_streams:
+            # RFC 9113 §5.1.2: a stream error; h2 decoded the block, so HPACK stays in step
+            self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            if not self.guard.stream_refused(self._last_received):
+                self.abuse = self.guard.abuse
+            return
         headers = event.headers
-        fields = dict(headers)
         ended = event.stream_ended is not None
+        size = 0
+        for key, value in headers:
+            size += len(key) + len(value) + 32
+        if size > self.config.max_header_list_size:
+            self._refuse(stream_id, ended, GRPC_RESOURCE_EXHAUSTED,
+                         f"request header list of {size} bytes exceeds the limit of "
+                         f"{self.config.max_header_list_size}")
+            return
+        fields = dict(headers)
         method = fields.get(b":method")
         content_type = fields.get(b"content-type", b"")
         path = fields.get(b":path", b"").decode("latin-1")
@@ -407,8 +766,8 @@ class Connection:
         except FramingError as e:
             self._refuse(stream_id, ended, e.status, e.message)
             return
-        except ValueError as e:
-            self._refuse(stream_id, ended, GRPC_INTERNAL, str(e))
+        except (ValueError, UnicodeDecodeError) as e:
+            self._refuse(stream_id, ended, GRPC_INVALID_ARGUMENT, str(e))
             return
         accepts = fields.get(b"grpc-accept-encoding", b"")
         call = Call(self, stream_id, path, headers, deadline, encoding, b"gzip" in accepts)
@@ -426,6 +785,7 @@ class Connection:
         if status == GRPC_UNIMPLEMENTED:
             headers.append((b"grpc-accept-encoding", framing.ACCEPT_ENCODING.encode()))
         self.h2.send_headers(stream_id, headers, end_stream=True)
+        self._sends += 1
         if not ended:
             self._reset_quietly(stream_id)
 
@@ -446,11 +806,18 @@ class Connection:
                 self.h2.send_headers(call.stream_id, call._trailers(status, message), end_stream=True)
             except h2.exceptions.ProtocolError:
                 return  # the stream was closed under us
+            self._sends += 1
+            self.guard.call_completed()
             if not call._ended:
                 self._reset_quietly(call.stream_id)
             await self._flush()
         finally:
             self.calls.pop(call.stream_id, None)
+            call._release()
+            if not self.calls:
+                self._idle_since = now = trio.current_time()
+                if self.config.idle_timeout:
+                    self._arm(now + self.config.idle_timeout)
             self._maybe_close()
 
     async def _invoke(self, call: Call, method: Method) -> tuple[int | None, str]:
@@ -483,11 +850,13 @@ class Connection:
             self.h2.send_headers(stream_id, headers)
         except h2.exceptions.ProtocolError:
             raise _StreamGone() from None
+        self._sends += 1
 
     async def _send_data(self, call: Call, data: bytes, flush: bool) -> None:
         view = memoryview(data)
         pos, end = 0, len(view)
         h2c = self.h2
+        frames = 0
         while pos < end:
             if call.reset:
                 raise _StreamGone()
@@ -499,8 +868,14 @@ class Connection:
                     h2c.send_data(call.stream_id, view[pos : pos + n])
                     pos += n
                     window -= n
+                    frames += 1
             except h2.exceptions.ProtocolError:
                 raise _StreamGone() from None
+            finally:
+                if frames:
+                    self._sends += 1
+                    self.guard.data_sent(frames)
+                    frames = 0
             if pos < end:
                 waiter = self._window_event
                 await self._flush()

@@ -243,8 +243,9 @@ async def test_grpc_timeout_cancels_the_handler(served):
     async with open_raw(port) as c:
         s = await c.unary("/test.T/Wait", b"", extra=[(b"grpc-timeout", b"100m")])
         assert (s.status, s.message) == (GRPC_DEADLINE_EXCEEDED, "Deadline Exceeded")
-        bad = await c.unary("/test.T/Echo", b"", extra=[(b"grpc-timeout", b"soon")])
-        assert bad.status == GRPC_INTERNAL and "grpc-timeout" in bad.message
+        for value in (b"soon", b"abc", b"123456789S", b"10x", b"\xff1S"):
+            bad = await c.unary("/test.T/Echo", b"", extra=[(b"grpc-timeout", value)])
+            assert bad.status == GRPC_INVALID_ARGUMENT and "malformed grpc-timeout" in bad.message
     assert rec.cancelled == ["wait"]
 
 
