@@ -2,7 +2,9 @@
 
 Like Triton: request bodies may be gzip or deflate (any other coding is UNSUPPORTED); the
 response coding is the supported one with the highest q-value in ``Accept-Encoding``.
-Decompression is bounded so a small compressed body cannot expand past the input limit.
+Decompression is bounded so a small compressed body cannot expand past the input limit, and
+incremental (:class:`Inflater`) so a caller can keep a small body inline and move the rest of a
+large one off its event loop.
 Re-exported by :mod:`trident.protocol.kserve`.
 """
 
@@ -14,7 +16,7 @@ import zlib
 
 from trident.errors import invalid_arg, unsupported
 
-__all__ = ["choose_encoding", "compress", "decode_base64", "decompress"]
+__all__ = ["Inflater", "choose_encoding", "compress", "decode_base64", "decompress"]
 
 
 def decompress(
@@ -25,40 +27,87 @@ def decompress(
     Raises TritonError UNSUPPORTED for any other encoding ("Unsupported compression type"),
     INVALID_ARG for corrupt data or when the decompressed size would exceed ``max_size``.
     """
-    if not content_encoding:
-        return body
-    encoding = content_encoding.strip().lower()
-    if encoding == "identity":
-        return body
-    if encoding == "gzip":
-        wbits = 16 + zlib.MAX_WBITS
-    elif encoding == "deflate":
-        wbits = zlib.MAX_WBITS
-    else:
-        raise unsupported(f"Unsupported compression type '{content_encoding}'")
-    try:
-        return _inflate(body, wbits, max_size)
-    except zlib.error as exc:
-        if encoding == "deflate":  # some clients send raw deflate without the zlib wrapper
+    inflater = Inflater(body, content_encoding, max_size)
+    inflater.run()
+    return inflater.result
+
+
+class Inflater:
+    """Incremental :func:`decompress` of one body, so a caller can bound the work done per step.
+
+    ``run(budget)`` inflates until the body is done (True) or ``budget`` more output bytes were
+    produced (False: call again); ``result`` is the decoded body once done. A caller keeps small
+    bodies inline and moves what is left of a large one elsewhere (a worker thread).
+
+    Raises TritonError UNSUPPORTED from the constructor for an unsupported coding; ``run``
+    raises INVALID_ARG for corrupt data or output beyond ``max_size``.
+    """
+
+    STEP = 1 << 20  # output bytes per zlib call
+
+    def __init__(
+        self, body: bytes | bytearray | memoryview, content_encoding: str | None, max_size: int | None = None
+    ) -> None:
+        self._body = body
+        self._max_size = max_size
+        self.result: bytes | bytearray | memoryview = body
+        self.done = True
+        encoding = content_encoding.strip().lower() if content_encoding else "identity"
+        if encoding == "identity":
+            return
+        if encoding == "gzip":
+            wbits = 16 + zlib.MAX_WBITS
+        elif encoding == "deflate":
+            wbits = zlib.MAX_WBITS
+        else:
+            raise unsupported(f"Unsupported compression type '{content_encoding}'")
+        self._encoding = encoding
+        self._start(wbits)
+
+    def _start(self, wbits: int) -> None:
+        self._wbits = wbits
+        self._d = zlib.decompressobj(wbits)
+        self._tail: bytes | bytearray | memoryview = self._body
+        self._out = bytearray()  # writable, so decoded tensors are too
+        self.result = self._out
+        self.done = False
+
+    def run(self, budget: int | None = None) -> bool:
+        """Inflate up to ``budget`` more output bytes (all when None); True once the body is done."""
+        produced = 0
+        while not self.done:
+            if budget is not None and produced >= budget:
+                return False
             try:
-                return _inflate(body, -zlib.MAX_WBITS, max_size)
-            except zlib.error:
-                pass
-        raise invalid_arg(f"failed to decompress the {encoding} request body: {exc}") from None
+                produced += self._step()
+            except zlib.error as exc:
+                if self._encoding == "deflate" and self._wbits > 0:
+                    # some clients send raw deflate without the zlib wrapper
+                    self._start(-zlib.MAX_WBITS)
+                    continue
+                raise invalid_arg(f"failed to decompress the {self._encoding} request body: {exc}") from None
+        return True
 
-
-def _inflate(body: bytes | bytearray | memoryview, wbits: int, max_size: int | None) -> bytearray:
-    d = zlib.decompressobj(wbits)
-    limit = 0 if max_size is None else max_size + 1
-    out = bytearray(d.decompress(body, limit))  # writable, so decoded tensors are too
-    if max_size is not None and (len(out) > max_size or d.unconsumed_tail):
-        raise invalid_arg(f"the decompressed request body exceeds the maximum input size of {max_size} bytes")
-    out += d.flush()
-    if max_size is not None and len(out) > max_size:
-        raise invalid_arg(f"the decompressed request body exceeds the maximum input size of {max_size} bytes")
-    if not d.eof:
-        raise zlib.error("incomplete or truncated stream")
-    return out
+    def _step(self) -> int:
+        d = self._d
+        out = self._out
+        want = self.STEP
+        if self._max_size is not None:
+            want = min(want, self._max_size + 1 - len(out))
+        chunk = d.decompress(self._tail, want)
+        self._tail = d.unconsumed_tail
+        if not chunk and not self._tail and not d.eof:
+            chunk = d.flush()
+            if not d.eof:
+                raise zlib.error("incomplete or truncated stream")
+        out += chunk
+        if self._max_size is not None and len(out) > self._max_size:
+            raise invalid_arg(
+                f"the decompressed request body exceeds the maximum input size of {self._max_size} bytes"
+            )
+        if d.eof:
+            self.done = True
+        return len(chunk)
 
 
 def choose_encoding(accept_encoding: str | None) -> str | None:

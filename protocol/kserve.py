@@ -30,7 +30,7 @@ import numpy as np
 
 from trident.errors import Code, TritonError, invalid_arg, unsupported
 from trident.protocol import datatypes
-from trident.protocol.compression import choose_encoding, compress, decode_base64, decompress
+from trident.protocol.compression import Inflater, choose_encoding, compress, decode_base64, decompress
 from trident.types import InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
 
 try:
@@ -59,6 +59,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency; the fallback k
     _NUMPY_JSON = False
 
 __all__ = [
+    "Inflater",
     "choose_encoding",
     "compress",
     "decode_base64",
@@ -68,6 +69,7 @@ __all__ = [
     "dumps",
     "encode_infer_response",
     "error_body",
+    "is_heavy",
     "parse_json",
 ]
 
@@ -77,6 +79,9 @@ _SHM_UNSUPPORTED = "shared memory extension is not supported yet"
 # request parameters with a meaning of their own, and the JSON types they must have
 _RESERVED_BOOL = ("sequence_start", "sequence_end", "binary_data_output")
 _RESERVED_UINT = ("priority", "timeout")
+MAX_DIMS = 64  # numpy's limit on the dimensions of an array
+_MAX_DIM = (1 << 63) - 1  # a dimension is an int64 on the wire (and in numpy)
+_CONVERT_CHUNK = 1 << 16  # JSON data longer than this is converted to numpy in slices of it
 
 
 def parse_json(body: bytes | bytearray | memoryview) -> Any:
@@ -162,6 +167,23 @@ def decode_infer_request(
         outputs=outputs,
         parameters=parameters,
     )
+
+
+def is_heavy(body: bytes | bytearray | memoryview, header_length: int | None, threshold: int) -> bool:
+    """Whether decoding this infer request body may take long (a caller moves it off its loop).
+
+    True when the JSON part reaches ``threshold`` bytes, or when the binary part does and the
+    JSON part names a BYTES tensor (BYTES blobs are split element by element). Fixed-size
+    binary tensors are views over the body: cheap whatever their size.
+    """
+    total = len(body)
+    if total < threshold:
+        return False
+    if header_length is None or header_length <= 0 or header_length >= total:
+        return True
+    if header_length >= threshold:
+        return True
+    return b"BYTES" in memoryview(body)[:header_length].tobytes()
 
 
 def decode_raw_request(
@@ -281,6 +303,12 @@ def _decode_input(
         for d in shape_json  # bool is not a dimension
     ):
         raise invalid_arg(f"Unable to parse 'shape' of input '{name}': expected non-negative integers")
+    if len(shape_json) > MAX_DIMS:
+        raise invalid_arg(
+            f"invalid shape for input '{name}': {len(shape_json)} dimensions, at most {MAX_DIMS} are supported"
+        )
+    if any(d > _MAX_DIM for d in shape_json):
+        raise invalid_arg(f"invalid shape for input '{name}': a dimension exceeds {_MAX_DIM}")
     shape = tuple(shape_json)
     params = item.get("parameters", _EMPTY)
     if not isinstance(params, dict):
@@ -373,25 +401,19 @@ def _json_to_array(name: str, datatype: str, shape: tuple[int, ...], count: int,
         raise invalid_arg(f"Unable to parse 'data' of input '{name}': expected a JSON array")
     np_dtype = datatypes.numpy_dtype(datatype)
     if count == 0:
+        flat: list[Any] = []
+        _flatten(data, flat)
+        if flat:
+            raise _count_mismatch(name, len(flat), count, shape)
         try:
             return np.empty(shape, dtype=np_dtype)
         except (ValueError, MemoryError):
             raise invalid_arg(f"invalid shape {_dims_str(shape)} for input '{name}'") from None
     if datatype == "BYTES":
-        flat: list[Any] = []
-        _flatten(data, flat)
-        if len(flat) != count:
-            raise _count_mismatch(name, len(flat), count, shape)
-        try:
-            items = [s.encode("utf-8") for s in flat]
-        except AttributeError:
-            raise _bad_data(name, datatype, "expected JSON strings") from None
-        out = np.empty(count, dtype=object)
-        out[:] = items
-        return out.reshape(shape)
+        return _json_to_bytes(name, shape, count, data)
 
     try:
-        arr = np.asarray(data)
+        arr = _asarray(data)
     except (ValueError, TypeError, OverflowError):  # ragged nesting: flatten like Triton does
         arr = None
     if arr is None or arr.dtype.kind == "O":
@@ -421,6 +443,43 @@ def _json_to_array(name: str, datatype: str, shape: tuple[int, ...], count: int,
     elif kind not in "iuf":
         raise _bad_data(name, datatype, "expected numbers")
     return arr.astype(np_dtype, copy=False).reshape(shape)
+
+
+def _json_to_bytes(name: str, shape: tuple[int, ...], count: int, data: list[Any]) -> np.ndarray:
+    if len(data) == count:  # flat (the usual form): no flattening pass
+        try:
+            items = [s.encode("utf-8") for s in data]
+        except AttributeError:
+            items = None  # nested lists, or not strings
+    else:
+        items = None
+    if items is None:
+        flat: list[Any] = []
+        _flatten(data, flat)
+        if len(flat) != count:
+            raise _count_mismatch(name, len(flat), count, shape)
+        try:
+            items = [s.encode("utf-8") for s in flat]
+        except AttributeError:
+            raise _bad_data(name, "BYTES", "expected JSON strings") from None
+    out = np.empty(count, dtype=object)
+    for i in range(0, count, _CONVERT_CHUNK):  # slices: the GIL is released between them
+        out[i : i + _CONVERT_CHUNK] = items[i : i + _CONVERT_CHUNK]
+    return out.reshape(shape)
+
+
+def _asarray(data: list[Any]) -> np.ndarray:
+    """``np.asarray(data)``; a long flat list is converted in slices (the GIL is released between them)."""
+    n = len(data)
+    if n <= _CONVERT_CHUNK:
+        return np.asarray(data)
+    parts = []
+    for i in range(0, n, _CONVERT_CHUNK):
+        part = np.asarray(data[i : i + _CONVERT_CHUNK])
+        if part.ndim != 1 or part.dtype.kind == "O":  # nested or mixed: convert it whole
+            return np.asarray(data)
+        parts.append(part)
+    return np.concatenate(parts)
 
 
 def _exact_ints(name: str, datatype: str, data: list[Any], info: Any, np_dtype: np.dtype) -> np.ndarray:

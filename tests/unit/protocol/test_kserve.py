@@ -665,3 +665,115 @@ def test_error_body_and_base64() -> None:
     with pytest.raises(TritonError) as info:
         kserve.decode_base64("a$b", "file:1/a")
     assert info.value.code is Code.INVALID_ARG and "file:1/a" in info.value.message
+
+
+# ---- hardening: shape edge cases are INVALID_ARG, large data converts in slices ------------------
+
+
+def _one_input(**entry: Any) -> bytes:
+    return json.dumps({"inputs": [{"name": "X", "datatype": "FP32", **entry}]}).encode()
+
+
+def _binary_input(datatype: str, shape: list[int], blob: bytes) -> tuple[bytes, int]:
+    header = json.dumps({"inputs": [{"name": "X", "datatype": datatype, "shape": shape,
+                                     "parameters": {"binary_data_size": len(blob)}}]}).encode()
+    return header + blob, len(header)
+
+
+@pytest.mark.parametrize(
+    ("body", "header_length", "fragments"),
+    [
+        (_one_input(shape=[1] * 10_000, data=[1.0]), None, ["10000 dimensions, at most 64", "'X'"]),
+        (_one_input(shape=[1] * 65, data=[1.0]), None, ["65 dimensions"]),
+        (_one_input(shape=[0] + [1] * 64, data=[]), None, ["65 dimensions"]),
+        (*_binary_input("FP32", [1] * 65, b"\0" * 4), ["65 dimensions"]),
+        (*_binary_input("BYTES", [1] * 65, b"\1\0\0\0a"), ["65 dimensions"]),
+        (_one_input(shape=[2**63], data=[1.0]), None, ["a dimension exceeds"]),
+        (_one_input(shape=[-1], data=[1.0]), None, ["Unable to parse 'shape'"]),
+        (_one_input(shape=[2**62, 2**62], data=[1.0]), None, ["needs 21267647932558653966460912964485513216"]),
+        (*_binary_input("FP32", [2**62, 4], b"\0" * 4), ["need 73786976294838206464 bytes"]),
+        (*_binary_input("BYTES", [2**62, 4], b"\1\0\0\0a"), ["holds 1 elements"]),
+        (*_binary_input("FP32", [2], b"\0" * 4), ["binary_data_size 4", "need 8 bytes"]),
+        (_one_input(shape=[0], data=[1.0]), None, ["needs 0 elements, 'data' holds 1"]),
+        (_one_input(shape=[0], datatype="BYTES", data=["a"]), None, ["needs 0 elements, 'data' holds 1"]),
+        (_one_input(shape=[3], data=[1.0]), None, ["needs 3 elements, 'data' holds 1"]),
+        (_one_input(shape=[1], datatype="BYTES", data=[["a", "b"]]), None, ["needs 1 elements, 'data' holds 2"]),
+        (_one_input(shape=[2], datatype="BYTES", data=["a", 2]), None, ["expected JSON strings"]),
+        (_one_input(shape=[1], data=[1.0]), 10**12, ["inference header size should be in range"]),
+    ],
+)
+def test_shape_and_size_edge_cases_are_invalid_arg(body: bytes, header_length: int | None,
+                                                   fragments: list[str]) -> None:
+    """Each was a 500 (numpy's 64-dimension limit) or silently accepted (data for a zero shape)."""
+    assert_invalid(body, header_length, *fragments)
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "INT64", "BOOL", "BYTES", "UINT8"])
+def test_long_json_data_converts_in_slices_to_the_same_array(datatype: str) -> None:
+    n = 3 * 65536 + 11
+    if datatype == "BYTES":
+        values: list[Any] = [str(i % 7) for i in range(n)]
+        expected = np.array([v.encode() for v in values], dtype=object)
+    elif datatype == "BOOL":
+        values = [i % 3 == 0 for i in range(n)]
+        expected = np.array(values)
+    elif datatype == "FP32":
+        values = [i if i % 2 else i + 0.5 for i in range(n)]  # ints and floats mixed across slices
+        expected = np.array(values, dtype=np.float32)
+    else:
+        values = [i % 200 for i in range(n)]
+        expected = np.array(values, dtype=datatypes.numpy_dtype(datatype))
+    got = decode(_one_input(datatype=datatype, shape=[1, n], data=values), None).inputs[0].data
+    assert got.shape == (1, n) and got.dtype == expected.dtype
+    np.testing.assert_array_equal(got.reshape(-1), expected)
+    nested = decode(_one_input(datatype=datatype, shape=[n, 1], data=[[v] for v in values]), None).inputs[0].data
+    np.testing.assert_array_equal(nested.reshape(-1), expected)
+
+
+def test_long_json_data_is_still_checked() -> None:
+    n = 2 * 65536 + 5
+    values: list[Any] = list(range(n))
+    values[-1] = 2**40
+    assert_invalid(_one_input(datatype="INT32", shape=[n], data=values), None, "out of range")
+    values[-1] = "x"
+    assert_invalid(_one_input(datatype="INT32", shape=[n], data=values), None, "expected integers")
+    values[-1] = None
+    assert_invalid(_one_input(datatype="INT32", shape=[n], data=values), None, "expected numbers")
+    values[-1] = 1.5
+    assert_invalid(_one_input(datatype="INT32", shape=[n], data=values), None, "expected integers")
+
+
+def test_is_heavy() -> None:
+    small, _ = client_encode([("X", "FP32", sample("FP32"), "json")])
+    assert not kserve.is_heavy(small, None, 1 << 20)
+    big_json = b" " * (1 << 20) + small
+    assert kserve.is_heavy(big_json, None, 1 << 20)
+    fixed, hl = client_encode([("X", "FP32", np.zeros(1 << 19, np.float32), "binary")])
+    assert not kserve.is_heavy(fixed, hl, 1 << 20)  # a view over the body: cheap at any size
+    strings, hl = client_encode([("X", "BYTES", np.array([b""] * (1 << 18), dtype=object), "binary")])
+    assert kserve.is_heavy(strings, hl, 1 << 20)  # split element by element
+
+
+def test_inflater_works_in_bounded_steps() -> None:
+    import gzip
+    import zlib
+
+    body = bytes(range(256)) * 20_000  # ~5 MiB
+    inflater = kserve.Inflater(gzip.compress(body), "gzip", len(body))
+    steps = 0
+    while not inflater.run(1 << 20):
+        steps += 1
+    assert steps >= 4 and inflater.result == body
+    assert kserve.Inflater(body, None).run(1) and kserve.Inflater(body, "identity").result is body
+    raw = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+    inflater = kserve.Inflater(raw.compress(body) + raw.flush(), "deflate", None)
+    assert not inflater.run(1 << 20) and inflater.run() and inflater.result == body
+    bomb = kserve.Inflater(gzip.compress(b"\0" * (8 << 20)), "gzip", 4 << 20)
+    assert not bomb.run(1 << 20)
+    with pytest.raises(TritonError) as info:
+        bomb.run()
+    assert info.value.code is Code.INVALID_ARG and "maximum input size of 4194304" in info.value.message
+    truncated = kserve.Inflater(gzip.compress(body)[:-100], "gzip", None)
+    with pytest.raises(TritonError) as info:
+        truncated.run()
+    assert "failed to decompress the gzip request body" in info.value.message
