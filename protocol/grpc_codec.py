@@ -13,9 +13,14 @@ protobuf wire format (field numbers of ``grpc_service.proto``) and trident's cor
   output arrays, so joining the parts (with the gRPC prefix, :func:`trident.protocol.grpc_framing.frame`)
   is the only copy of each output tensor's bytes.
 
-Raises :class:`DecodeError` (a ValueError) for bytes that are not a valid message and
-:class:`~trident.errors.TritonError` INVALID_ARG / UNSUPPORTED for a valid message that is not a
-valid request, with Triton's wording.
+Raises :class:`DecodeError` (a ValueError) for bytes that are not a valid message, that is
+whatever upb rejects: lengths past the end of their message, field number 0, stray end-group
+tags, wire types 6/7, tags over 5 bytes or 32 bits, varints over 10 bytes (unknown fields and
+groups are skipped as upb skips them); and :class:`~trident.errors.TritonError` INVALID_ARG /
+UNSUPPORTED for a valid message that is not a valid request, with Triton's wording. A tensor's
+contents are decoded after the request's other checks, so a message that is both malformed
+there and an invalid request may get the TritonError. Shapes of more than 64 dimensions are
+INVALID_ARG without multiplying their dimensions.
 """
 
 from __future__ import annotations
@@ -66,17 +71,66 @@ def _varint(buf: _Bytes, pos: int) -> tuple[int, int]:
             raise DecodeError("varint longer than 10 bytes")
 
 
-def _skip(buf: _Bytes, pos: int, wire_type: int) -> int:
-    if wire_type == 0:
-        return _varint(buf, pos)[1]
-    if wire_type == 1:
-        return pos + 8
-    if wire_type == 2:
+def _long_tag(buf: _Bytes, pos: int) -> tuple[int, int]:
+    """A tag of more than one byte at ``pos`` (upb's limits: at most 5 bytes, 32 bits)."""
+    tag, end = _varint(buf, pos)
+    if end - pos > 5 or tag > 0xFFFFFFFF:
+        raise DecodeError("invalid tag: longer than 5 bytes or over 32 bits")
+    return tag, end
+
+
+def _length(buf: _Bytes, pos: int, stop: int) -> tuple[int, int]:
+    """A length prefix at ``pos`` -> (start, end) of the bytes it delimits, which must end by ``stop``."""
+    n = buf[pos]
+    if n < 0x80:
+        pos += 1
+    else:
         n, pos = _varint(buf, pos)
-        return pos + n
-    if wire_type == 5:
-        return pos + 4
-    raise DecodeError(f"unsupported protobuf wire type {wire_type}")
+    end = pos + n
+    if end > stop:
+        raise DecodeError(f"length-delimited field of {n} bytes runs past the end of its message")
+    return pos, end
+
+
+_MAX_GROUP_DEPTH = 32
+
+
+def _skip(buf: _Bytes, pos: int, tag: int, stop: int, depth: int = 0) -> int:
+    """Skip the value of an unknown field (or a known field with another wire type)."""
+    wire_type = tag & 7
+    if tag < 8:
+        raise DecodeError("invalid field number 0")
+    if wire_type == 0:
+        pos = _varint(buf, pos)[1]
+    elif wire_type == 1:
+        pos += 8
+    elif wire_type == 2:
+        pos = _length(buf, pos, stop)[1]
+    elif wire_type == 5:
+        pos += 4
+    elif wire_type == 3:  # a group, as upb skips it: fields up to the matching end-group tag
+        if depth >= _MAX_GROUP_DEPTH:
+            raise DecodeError("groups nested too deeply")
+        while True:
+            if pos >= stop:
+                raise DecodeError("group without its end-group tag")
+            inner = buf[pos]
+            if inner < 0x80:
+                pos += 1
+            else:
+                inner, pos = _long_tag(buf, pos)
+            if inner & 7 == 4:
+                if inner >> 3 != tag >> 3:
+                    raise DecodeError("end-group tag does not match its group")
+                break
+            pos = _skip(buf, pos, inner, stop, depth + 1)
+    elif wire_type == 4:
+        raise DecodeError("end-group tag outside a group")
+    else:
+        raise DecodeError(f"unsupported protobuf wire type {wire_type}")
+    if pos > stop:
+        raise DecodeError("field runs past the end of its message")
+    return pos
 
 
 def _signed(value: int) -> int:
@@ -87,14 +141,41 @@ def _text(buf: bytes | bytearray, start: int, stop: int) -> str:
     return buf[start:stop].decode("utf-8")
 
 
+_PACKED_CHUNK = 1 << 20  # bytes of packed varints decoded at a time: bounds the temporaries
+
+
 def _decode_packed_varints(view: memoryview) -> np.ndarray:
-    """A packed run of varints -> uint64 array, vectorised (no per-element Python work)."""
+    """A packed run of varints -> uint64 array, vectorised (no per-element Python work).
+
+    Long runs are decoded ~1 MiB at a time (cut after a varint's last byte), so the temporary
+    arrays stay small next to the 8-byte-per-element result.
+    """
     b = np.frombuffer(view, dtype=np.uint8)
     if b.size == 0:
         return np.empty(0, dtype=np.uint64)
-    ends = b < 0x80
-    if not ends[-1]:
+    if b[-1] >= 0x80:
         raise DecodeError("truncated packed varint")
+    if b.size <= _PACKED_CHUNK:
+        return _decode_varint_run(b)
+    out = np.empty(int(np.count_nonzero(b < 0x80)), dtype=np.uint64)
+    start = filled = 0
+    while start < b.size:
+        stop = min(start + _PACKED_CHUNK, b.size)
+        if stop < b.size:
+            ends = np.flatnonzero(b[max(start, stop - 10) : stop] < 0x80)
+            if not ends.size:
+                raise DecodeError("varint longer than 10 bytes")
+            stop = max(start, stop - 10) + int(ends[-1]) + 1
+        values = _decode_varint_run(b[start:stop])
+        out[filled : filled + values.size] = values
+        filled += values.size
+        start = stop
+    return out
+
+
+def _decode_varint_run(b: np.ndarray) -> np.ndarray:
+    """Non-empty uint8 array ending with a varint's last byte -> uint64 values."""
+    ends = b < 0x80
     if ends.all():
         return b.astype(np.uint64)
     last = np.flatnonzero(ends)
@@ -110,24 +191,38 @@ def _decode_packed_varints(view: memoryview) -> np.ndarray:
 
 
 # ---- decoding ModelInferRequest ---------------------------------------------------------------
+#
+# Every length is checked against the end of the message that holds it (``_length``), every
+# unknown field goes through ``_skip`` (field number 0, end-group tags outside a group, wire
+# types 6 and 7 are DecodeError; groups are skipped as upb does), and a message that does not
+# end exactly at its length is DecodeError: what upb rejects, this rejects.
 
 
-def _parameter(buf: _Bytes, view: memoryview, pos: int, stop: int) -> tuple[str, ParamValue | None]:
-    """One map<string, InferParameter> entry -> (key, value); value None when no choice is set."""
+def _parameter(buf: _Bytes, pos: int, stop: int) -> tuple[str, ParamValue | None]:
+    """One map<string, InferParameter> entry -> (key, value); value None when no choice is set.
+
+    A repeated InferParameter merges as protobuf does: the last choice set wins.
+    """
     key = ""
     value: ParamValue | None = None
     while pos < stop:
-        tag, pos = _varint(buf, pos)
+        tag = buf[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = _long_tag(buf, pos)
         if tag == 0x0A:
-            n, pos = _varint(buf, pos)
-            key = _text(buf, pos, pos + n)
-            pos += n
+            pos, end = _length(buf, pos, stop)
+            key = _text(buf, pos, end)
+            pos = end
         elif tag == 0x12:
-            n, pos = _varint(buf, pos)
-            end = pos + n
-            value = None
+            pos, end = _length(buf, pos, stop)
             while pos < end:
-                inner, pos = _varint(buf, pos)
+                inner = buf[pos]
+                if inner < 0x80:
+                    pos += 1
+                else:
+                    inner, pos = _long_tag(buf, pos)
                 if inner == 0x08:
                     v, pos = _varint(buf, pos)
                     value = v != 0
@@ -135,52 +230,70 @@ def _parameter(buf: _Bytes, view: memoryview, pos: int, stop: int) -> tuple[str,
                     v, pos = _varint(buf, pos)
                     value = _signed(v)
                 elif inner == 0x1A:
-                    n, pos = _varint(buf, pos)
-                    value = _text(buf, pos, pos + n)
-                    pos += n
+                    pos, text_end = _length(buf, pos, end)
+                    value = _text(buf, pos, text_end)
+                    pos = text_end
                 elif inner == 0x21:
+                    if pos + 8 > end:
+                        raise DecodeError("truncated InferParameter")
                     value = _DOUBLE.unpack_from(buf, pos)[0]
                     pos += 8
                 elif inner == 0x28:
                     value, pos = _varint(buf, pos)
                 else:
-                    pos = _skip(buf, pos, inner & 7)
+                    pos = _skip(buf, pos, inner, end)
             if pos != end:
                 raise DecodeError("truncated InferParameter")
         else:
-            pos = _skip(buf, pos, tag & 7)
+            pos = _skip(buf, pos, tag, stop)
     if pos != stop:
         raise DecodeError("truncated parameter map entry")
     return key, value
 
 
+_MAX_DIMS = 64  # numpy's limit; a longer shape is INVALID_ARG, and only its first dims are kept
+_SHORT_SHAPE = 640  # packed shapes up to this many bytes are decoded element by element
+
+
 class _Input:
-    __slots__ = ("name", "datatype", "shape", "parameters", "contents")
+    __slots__ = ("name", "datatype", "shape", "rank", "parameters", "contents")
 
     def __init__(self) -> None:
         self.name = ""
         self.datatype = ""
-        self.shape: list[int] = []
+        self.shape: list[int] = []  # at most _MAX_DIMS + 1 dims
+        self.rank = 0  # dims on the wire
         self.parameters: dict[str, ParamValue] = {}
         self.contents: list[tuple[int, int]] | None = None  # spans of InferTensorContents
 
 
-def _shape(buf: _Bytes, view: memoryview, tag: int, pos: int, into: list[int]) -> int:
+def _shape(buf: _Bytes, view: memoryview, tag: int, pos: int, stop: int, t: _Input) -> int:
+    into = t.shape
     if tag & 7 == 2:
-        n, pos = _varint(buf, pos)
-        end = pos + n
-        packed = buf[pos:end]
-        if len(packed) == n and (not n or max(packed) < 0x80):  # every dimension below 128
-            into.extend(packed)
+        pos, end = _length(buf, pos, stop)
+        n = end - pos
+        packed = buf[pos:end] if n <= _SHORT_SHAPE else b""
+        if packed and max(packed) < 0x80:  # every dimension below 128
+            t.rank += n
+            into.extend(packed[: _MAX_DIMS + 1 - len(into)] if t.rank > _MAX_DIMS else packed)
+            return end
+        if n > _SHORT_SHAPE:
+            dims = _decode_packed_varints(view[pos:end]).view(np.int64)
+            t.rank += dims.size
+            into.extend(int(d) for d in dims[: max(0, _MAX_DIMS + 1 - len(into))])
             return end
         while pos < end:
             v, pos = _varint(buf, pos)
-            into.append(_signed(v))
+            t.rank += 1
+            if len(into) <= _MAX_DIMS:
+                into.append(_signed(v))
         if pos != end:
             raise DecodeError("truncated shape")
         return pos
     v, pos = _varint(buf, pos)
-    into.append(_signed(v))
+    t.rank += 1
+    if len(into) <= _MAX_DIMS:
+        into.append(_signed(v))
     return pos
 
 
@@ -193,41 +306,49 @@ def _input(buf: _Bytes, view: memoryview, pos: int, stop: int, outputs: bool = F
         if tag < 0x80:
             pos += 1
         else:
-            tag, pos = _varint(buf, pos)
+            tag, pos = _long_tag(buf, pos)
         if tag == 0x0A:
-            n = buf[pos]
+            n = buf[pos]  # _length, inlined
             if n < 0x80:
                 pos += 1
             else:
                 n, pos = _varint(buf, pos)
-            t.name = _text(buf, pos, pos + n)
-            pos += n
+            end = pos + n
+            if end > stop:
+                raise DecodeError(f"length-delimited field of {n} bytes runs past the end of its message")
+            t.name = _text(buf, pos, end)
+            pos = end
         elif tag == params_tag:
-            n, pos = _varint(buf, pos)
-            key, value = _parameter(buf, view, pos, pos + n)
-            if value is not None:
+            pos, end = _length(buf, pos, stop)
+            key, value = _parameter(buf, pos, end)
+            if value is None:
+                t.parameters.pop(key, None)
+            else:
                 t.parameters[key] = value
-            pos += n
+            pos = end
         elif outputs:
-            pos = _skip(buf, pos, tag & 7)
+            pos = _skip(buf, pos, tag, stop)
         elif tag == 0x12:
-            n = buf[pos]
+            n = buf[pos]  # _length, inlined
             if n < 0x80:
                 pos += 1
             else:
                 n, pos = _varint(buf, pos)
-            t.datatype = _text(buf, pos, pos + n)
-            pos += n
+            end = pos + n
+            if end > stop:
+                raise DecodeError(f"length-delimited field of {n} bytes runs past the end of its message")
+            t.datatype = _text(buf, pos, end)
+            pos = end
         elif tag == 0x1A or tag == 0x18:
-            pos = _shape(buf, view, tag, pos, t.shape)
+            pos = _shape(buf, view, tag, pos, stop, t)
         elif tag == 0x2A:
-            n, pos = _varint(buf, pos)
+            pos, end = _length(buf, pos, stop)
             if t.contents is None:
                 t.contents = []
-            t.contents.append((pos, pos + n))
-            pos += n
+            t.contents.append((pos, end))
+            pos = end
         else:
-            pos = _skip(buf, pos, tag & 7)
+            pos = _skip(buf, pos, tag, stop)
     if pos != stop:
         raise DecodeError("truncated tensor message")
     return t
@@ -237,8 +358,8 @@ def decode_model_infer_request(data: Buffer) -> InferenceRequest:
     """Decode a serialized ``inference.ModelInferRequest`` into an :class:`InferenceRequest`.
 
     Raw tensor data is not copied: the arrays view ``data`` (pass a ``bytearray`` for writable
-    arrays; any other buffer than bytes or bytearray is copied first). Raises DecodeError for malformed bytes, TritonError INVALID_ARG for an invalid
-    request (data missing, sizes that do not match shapes, contents of the wrong type),
+    arrays; any other buffer than bytes or bytearray is copied first). Raises DecodeError for
+    malformed bytes (whatever upb would reject), TritonError INVALID_ARG for an invalid request (data missing, sizes that do not match shapes, contents of the wrong type),
     TritonError UNSUPPORTED for shared-memory inputs.
     """
     buf = data if isinstance(data, (bytes, bytearray)) else bytes(data)
@@ -256,18 +377,18 @@ def decode_model_infer_request(data: Buffer) -> InferenceRequest:
             if tag < 0x80:
                 pos += 1
             else:
-                tag, pos = _varint(buf, pos)
-            if tag & 7 != 2:
-                pos = _skip(buf, pos, tag & 7)
+                tag, pos = _long_tag(buf, pos)
+            if tag & 7 != 2 or tag < 8:
+                pos = _skip(buf, pos, tag, end)
                 continue
-            n = buf[pos]
+            n = buf[pos]  # _length, inlined
             if n < 0x80:
                 pos += 1
             else:
                 n, pos = _varint(buf, pos)
             stop = pos + n
             if stop > end:
-                raise DecodeError("truncated ModelInferRequest")
+                raise DecodeError(f"length-delimited field of {n} bytes runs past the end of its message")
             field = tag >> 3
             if field == 7:
                 raw.append(view[pos:stop])
@@ -280,8 +401,10 @@ def decode_model_infer_request(data: Buffer) -> InferenceRequest:
             elif field == 3:
                 request_id = _text(buf, pos, stop)
             elif field == 4:
-                key, value = _parameter(buf, view, pos, stop)
-                if value is not None:
+                key, value = _parameter(buf, pos, stop)
+                if value is None:
+                    parameters.pop(key, None)
+                else:
                     parameters[key] = value
             elif field == 6:
                 outputs.append(_input(buf, view, pos, stop, outputs=True))
@@ -316,6 +439,11 @@ def _tensors(buf: _Bytes, view: memoryview, model: str, inputs: list[_Input], ra
         dtype = _DTYPES.get(t.datatype)
         if dtype is None:
             raise invalid_arg(f"invalid datatype '{t.datatype}' for input '{t.name}' for model '{model}'")
+        if t.rank > _MAX_DIMS:
+            raise invalid_arg(
+                f"invalid shape for input '{t.name}' for model '{model}': {t.rank} dimensions, "
+                f"at most {_MAX_DIMS} are supported"
+            )
         if t.shape and min(t.shape) < 0:
             raise invalid_arg(f"invalid shape {t.shape} for input '{t.name}' for model '{model}'")
         count = datatypes.element_count(t.shape)
@@ -384,36 +512,44 @@ def _from_contents(buf: _Bytes, view: memoryview, t: _Input, dtype: np.dtype, co
     for start, stop in t.contents:
         pos = start
         while pos < stop:
-            tag, pos = _varint(buf, pos)
+            tag = buf[pos]
+            if tag < 0x80:
+                pos += 1
+            else:
+                tag, pos = _long_tag(buf, pos)
             field, wire = tag >> 3, tag & 7
             if field == 8 and wire == 2:
-                n, pos = _varint(buf, pos)
-                strings.append(bytes(view[pos : pos + n]))
-                pos += n
+                pos, end = _length(buf, pos, stop)
+                strings.append(bytes(view[pos:end]))
+                pos = end
             elif 1 <= field <= 7 and wire == 2:
-                n, pos = _varint(buf, pos)
-                chunk = view[pos : pos + n]
+                pos, end = _length(buf, pos, stop)
+                chunk = view[pos:end]
                 if field == 6:
-                    arr = np.frombuffer(chunk, dtype="<f4") if n % 4 == 0 else None
+                    arr = np.frombuffer(chunk, dtype="<f4") if len(chunk) % 4 == 0 else None
                 elif field == 7:
-                    arr = np.frombuffer(chunk, dtype="<f8") if n % 8 == 0 else None
+                    arr = np.frombuffer(chunk, dtype="<f8") if len(chunk) % 8 == 0 else None
                 else:
                     arr = _decode_packed_varints(chunk)
                 if arr is None:
                     raise DecodeError("packed fixed-width field has a partial element")
                 chunks.setdefault(field, []).append(arr)
-                pos += n
+                pos = end
             elif 1 <= field <= 5 and wire == 0:
                 v, pos = _varint(buf, pos)
                 scalars.setdefault(field, []).append(v)
             elif field == 6 and wire == 5:
+                if pos + 4 > stop:
+                    raise DecodeError("truncated InferTensorContents")
                 scalars.setdefault(6, []).append(_FLOAT.unpack_from(buf, pos)[0])
                 pos += 4
             elif field == 7 and wire == 1:
+                if pos + 8 > stop:
+                    raise DecodeError("truncated InferTensorContents")
                 scalars.setdefault(7, []).append(_DOUBLE.unpack_from(buf, pos)[0])
                 pos += 8
             else:
-                pos = _skip(buf, pos, wire)
+                pos = _skip(buf, pos, tag, stop)
         if pos != stop:
             raise DecodeError("truncated InferTensorContents")
     for field, items in scalars.items():

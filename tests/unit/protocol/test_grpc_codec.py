@@ -292,3 +292,89 @@ def test_response_parts_view_output_arrays():
     big_endian = np.arange(4, dtype=">i4")
     data = join(encode_model_infer_response(InferenceResponse(outputs=[Tensor("B", "INT32", (4,), big_endian)]))[0])
     assert pb.ModelInferResponse.FromString(data).raw_output_contents[0] == np.arange(4, dtype="<i4").tobytes()
+
+
+# ---- malformed bytes: what upb rejects is DecodeError, what upb accepts is not -------------
+
+VALID = request_with(datatype="INT32", shape=[2], contents=pb.InferTensorContents(int_contents=[-1, 300]))
+VALID_BYTES = VALID.SerializeToString()
+
+
+@pytest.mark.parametrize("data", [
+    # fp64_contents declaring 8 bytes where 0 remain (found by the fuzzer: was a plain ValueError)
+    bytes.fromhex("0a0d6964656e746974795f667033322a160a06494e505554301204465036341a01012a033a0800"),
+    bytes.fromhex("0a016d2a160a01491204465033321a01022a083204000000003204"),  # fp32 contents past the end
+    VALID_BYTES + b"\x00\x01",  # field number 0, varint
+    b"\x02\x01x" + VALID_BYTES,  # field number 0, bytes
+    VALID_BYTES + b"\x4b\x08\x01\x54",  # group closed by another field's end-group tag
+    VALID_BYTES + b"\x4b\x08\x01",  # group never closed
+    VALID_BYTES + b"\x4c",  # end-group tag outside a group
+    VALID_BYTES + b"\x4e\x00",  # wire type 6
+    VALID_BYTES + b"\x4f\x00",  # wire type 7
+    b"\x8a\x80\x80\x80\x80\x00\x01m",  # a tag of 6 bytes
+    b"\xfa\xff\xff\xff\x1f\x00",  # a tag over 32 bits
+    VALID_BYTES + b"\x48" + b"\xff" * 10 + b"\x01",  # an 11-byte varint
+    VALID_BYTES + b"\x3a\xff\xff\xff\xff\x0f",  # a length past the end
+    b"\x2a\x05\x0a\x09XXXX",  # a name running past the end of its tensor
+    b"\x2a\x0b\x12\x05INT32\x2a\x02\x21\x00",  # a fixed64 running past the end of the contents
+    b"\x22\x06\x0a\x01k\x12\x02\x21",  # a double parameter running past the end
+    b"\x2a\x04\x1a\x02\x80\x80",  # a truncated packed shape
+], ids=lambda d: d.hex()[:24])
+def test_malformed_bytes_are_decode_errors_as_in_upb(data):
+    with pytest.raises(Exception):  # noqa: B017 - any upb error
+        pb.ModelInferRequest.FromString(data)
+    with pytest.raises(DecodeError):
+        decode_model_infer_request(bytearray(data))
+
+
+def test_unknown_fields_and_groups_are_skipped_as_in_upb():
+    data = VALID_BYTES + b"\x4b\x08\x01\x52\x01x\x5b\x5c\x4c" + b"\x48" + b"\xff" * 9 + b"\x7f" + b"\x8a\x80\x80\x80\x00\x00"
+    pb.ModelInferRequest.FromString(data)
+    assert decode_model_infer_request(data).inputs[0].data.tolist() == [-1, 300]
+
+
+def test_a_repeated_parameter_merges_as_in_upb():
+    entry = b"\x0a\x01k" + b"\x12\x02\x10\x05" + b"\x12\x03\x1a\x01v" + b"\x12\x00"  # int, then string, then empty
+    data = b"\x0a\x01m\x22" + bytes([len(entry)]) + entry
+    assert pb.ModelInferRequest.FromString(data).parameters["k"].string_param == "v"
+    assert decode_model_infer_request(data).parameters == {"k": "v"}
+
+
+def test_long_shapes_are_invalid_without_multiplying_their_dims():
+    # 100k dims of 2**62 once cost minutes of big-integer products on the event loop
+    error = error_of(request_with(datatype="FP32", shape=[2**62] * 100_000))
+    assert error.message == "invalid shape for input 'X' for model 'm': 100000 dimensions, at most 64 are supported"
+    m = request_with(datatype="FP32", shape=[1] * 65)
+    m.raw_input_contents.append(b"\x00" * 4)
+    assert "65 dimensions" in error_of(m).message
+
+
+def test_a_huge_declared_size_is_invalid_arg():
+    m = request_with(datatype="FP32", shape=[2**62] * 60)  # its byte count: 1130 digits
+    m.raw_input_contents.append(b"\x00" * 12)
+    assert "input byte size mismatch" in error_of(m).message
+
+
+def test_long_packed_varint_runs_decode_in_pieces():
+    values = np.arange(-(1 << 62), (1 << 62), (1 << 63) // 300_000, dtype=np.int64)[:300_000]  # ~10 bytes each
+    m = request_with(datatype="INT64", shape=[values.size], contents=pb.InferTensorContents(int64_contents=values))
+    assert len(m.SerializeToString()) > 2 << 20
+    np.testing.assert_array_equal(decode_model_infer_request(m.SerializeToString()).inputs[0].data, values)
+
+
+@settings(max_examples=500)
+@given(st.binary(max_size=60).map(lambda tail: VALID_BYTES + tail))
+def test_decode_error_exactly_when_upb_rejects(data):
+    try:
+        pb.ModelInferRequest.FromString(data)
+        upb_ok = True
+    except Exception:
+        upb_ok = False
+    try:
+        decode_model_infer_request(data)
+    except DecodeError:
+        assert not upb_ok
+    except TritonError:
+        pass
+    else:
+        assert upb_ok
