@@ -72,6 +72,8 @@ def compile_properties(config: ModelConfig) -> dict[str, str]:
     props = {k: v.string_value for k, v in config.parameters.items() if k.isupper() and k not in _OWN}
     if bool_parameter(config, "HINT_BF16", False):
         props["INFERENCE_PRECISION_HINT"] = "bf16"
+    else:  # on CPUs with AMX (or avx512_bf16) OpenVINO would pick bf16 by itself: FP32 models answer in FP32
+        props.setdefault("INFERENCE_PRECISION_HINT", "f32")
     if "NUM_STREAMS" in props:
         props["NUM_STREAMS"] = props["NUM_STREAMS"].upper() if not props["NUM_STREAMS"].isdigit() else props["NUM_STREAMS"]
     return props
@@ -191,7 +193,9 @@ class OpenVINOBackend(Backend):
             if entry is None:
                 entry = _compiled[key] = [self._compile(ov, config, ctx.version_dir, props, skip_dynamic), 0]
             entry[1] += 1
-        return OpenVINOInstance(ov, entry[0], key, config, pad_to)
+        instance = OpenVINOInstance(ov, entry[0], key, config, pad_to)
+        instance.inline_safe = True  # the CPU plugin: short runs may stay on the loop
+        return instance
 
     def _compile(self, ov: Any, config: ModelConfig, version_dir: Path, props: dict[str, str], skip_dynamic: bool) -> Any:
         core = ov.Core()

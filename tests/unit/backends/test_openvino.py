@@ -118,7 +118,7 @@ def test_throughput_hint_and_streams_shared_by_instances(tmp_path):
                             '{ key: "INFERENCE_NUM_THREADS" value { string_value: "2" } }]\n')
     folder = write_ov_model(tmp_path, "mlp", mlp_graph, config)
     assert compile_properties(prepare(folder)) == {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": "2",
-                                                   "INFERENCE_NUM_THREADS": "2"}
+                                                   "INFERENCE_NUM_THREADS": "2", "INFERENCE_PRECISION_HINT": "f32"}
     first, second = load(folder), load(folder)
     assert first.compiled is second.compiled and first.request is not second.request
     assert int(first.compiled.get_property("NUM_STREAMS")) == 2
