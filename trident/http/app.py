@@ -26,7 +26,7 @@ import trio
 
 from trident.config import config_to_json
 from trident.errors import Code, TritonError, http_status, invalid_arg, unsupported
-from trident.http import generate
+from trident.http import generate, offload
 from trident.protocol import kserve
 from trident.restricted import HTTP_MESSAGE, http_restrictions
 from trident.types import InferenceRequest, InferenceResponse
@@ -228,12 +228,16 @@ def make_app(server: Server) -> ASGIApp:
                 accept_encoding = value.decode("latin-1")
         body: bytes | bytearray | memoryview = await _read_body(scope, receive, limit)
         if content_encoding is not None:
-            body = kserve.decompress(body, content_encoding, limit)
+            body = await offload.decompress(body, content_encoding, limit)
         if header_length == 0:
             request = _decode_raw(server, body, name, version)
             binary_default = True
         else:
-            request = kserve.decode_infer_request(body, header_length, name, version)
+            if len(body) < offload.OFFLOAD_THRESHOLD or not kserve.is_heavy(
+                    body, header_length, offload.OFFLOAD_THRESHOLD):
+                request = kserve.decode_infer_request(body, header_length, name, version)
+            else:  # a large JSON (or BYTES) decode: in a worker thread, not on the loop
+                request = await offload.run_sync(kserve.decode_infer_request, body, header_length, name, version)
             params = request.parameters
             binary_default = bool(params.pop("binary_data_output", False)) if params else False
 
