@@ -227,7 +227,7 @@ class FrameGuard:
             if self.resets.take(now):
                 return True
             return self._fail(TOO_MANY_RESETS, start)
-        if kind == GOAWAY:
+        if kind == GOAWAY or (kind == SETTINGS and not self._handshake):  # the preface's SETTINGS is free
             return True
         if kind == CONTINUATION:  # outside a block: the engine answers PROTOCOL_ERROR
             return True

@@ -62,6 +62,7 @@ class RawClient:
         self.streams: dict[int, RawStream] = {}
         self.goaway: h2.events.ConnectionTerminated | None = None
         self.ping_acks: list[bytes] = []
+        self.pings: list[bytes] = []  # PINGs the server sent (h2 answers them)
         self.closed = trio.Event()
         self.lock = trio.StrictFIFOLock()
         self.window_changed = trio.Event()
@@ -111,6 +112,8 @@ class RawClient:
                 self.h2.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
         elif isinstance(event, h2.events.PingAckReceived):
             self.ping_acks.append(event.ping_data)
+        elif isinstance(event, h2.events.PingReceived):
+            self.pings.append(event.ping_data)
         elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
             self.window_changed.set()
             self.window_changed = trio.Event()
@@ -181,3 +184,104 @@ async def open_raw(port: int, host: str = "127.0.0.1", *, read_window: bool = Tr
                 nursery.cancel_scope.cancel()
     finally:
         await trio.aclose_forcefully(sock)
+
+
+# ---- hand-built frames, for floods a real client never sends -------------------------------
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
+
+
+def h2_frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    """One HTTP/2 frame, serialized by hand."""
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream_id) + payload
+
+
+def request_block(path: str, extra: list[tuple[bytes, bytes]] | None = None) -> bytes:
+    """An HPACK header block for a gRPC request that leaves the decoder's dynamic table alone
+    (static-table entries and never-indexed literals), so it can be sent any number of times."""
+    from hpack import Encoder, NeverIndexedHeaderTuple
+
+    headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
+               (b":authority", b"localhost"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+    encoder = Encoder()
+    return encoder.encode([NeverIndexedHeaderTuple(k, v) for k, v in headers + (extra or [])], huffman=False)
+
+
+def rapid_reset(path: str, count: int, payload: bytes = b"") -> bytes:
+    """``count`` x (HEADERS + DATA(one gRPC message) + RST_STREAM(CANCEL)) on streams 1, 3, 5, ..."""
+    block = request_block(path)
+    body = frame(payload)
+    rst = struct.pack(">I", 8)  # CANCEL
+    out = bytearray()
+    for i in range(count):
+        sid = 1 + 2 * i
+        out += h2_frame(HEADERS, END_HEADERS, sid, block) + h2_frame(DATA, 0, sid, body) + h2_frame(RST_STREAM, 0, sid, rst)
+    return bytes(out)
+
+
+@dataclass
+class Seen:
+    """What a raw connection received until the server closed it."""
+
+    frames: list[tuple[int, int, int, bytes]] = field(default_factory=list)  # (type, flags, stream, payload)
+
+    def goaway(self) -> tuple[int, int, bytes] | None:
+        """(last_stream_id, error_code, debug data) of the last GOAWAY, or None."""
+        for kind, _, _, payload in reversed(self.frames):
+            if kind == GOAWAY:
+                last, code = struct.unpack_from(">II", payload)
+                return last & 0x7FFFFFFF, code, payload[8:]
+        return None
+
+    def of(self, kind: int) -> list[tuple[int, int, int, bytes]]:
+        return [f for f in self.frames if f[0] == kind]
+
+
+async def read_frames(sock: trio.abc.Stream, seen: Seen) -> None:
+    """Collect the frames the server sends until it closes the connection (or resets it)."""
+    buf = bytearray()
+    try:
+        while True:
+            data = await sock.receive_some(1 << 16)
+            if not data:
+                return
+            buf += data
+            while len(buf) >= 9:
+                length = int.from_bytes(buf[:3], "big")
+                if len(buf) < 9 + length:
+                    break
+                kind, flags = buf[3], buf[4]
+                sid = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+                seen.frames.append((kind, flags, sid, bytes(buf[9 : 9 + length])))
+                del buf[: 9 + length]
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return
+
+
+async def flood(port: int, payload: bytes, *, host: str = "127.0.0.1", timeout: float = 20.0,
+                chunk: int = 1 << 16) -> Seen:
+    """Connect, send the preface, an empty SETTINGS and ``payload`` (in ``chunk``-sized writes, while
+    reading), and return what the server sent until it closed the connection. Raises
+    trio.TooSlowError when the server has not closed it within ``timeout``."""
+    seen = Seen()
+    sock = await trio.open_tcp_stream(host, port)
+    try:
+        with trio.fail_after(timeout):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_frames, sock, seen)
+
+                async def send() -> None:
+                    try:
+                        await sock.send_all(PREFACE + h2_frame(SETTINGS, 0, 0))
+                        view = memoryview(payload)
+                        for pos in range(0, len(view), chunk):
+                            await sock.send_all(view[pos : pos + chunk])
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+
+                nursery.start_soon(send)
+    finally:
+        await trio.aclose_forcefully(sock)
+    return seen

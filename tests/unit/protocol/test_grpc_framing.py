@@ -136,3 +136,41 @@ def test_check_encoding():
     with pytest.raises(f.FramingError) as e:
         f.check_encoding("snappy")
     assert e.value.status == GRPC_UNIMPLEMENTED and "snappy" in e.value.message
+
+
+def test_a_declared_length_allocates_nothing_until_bytes_arrive():
+    import tracemalloc
+
+    decoder = f.MessageDecoder(1 << 30)
+    tracemalloc.start()
+    try:
+        for _ in range(8):
+            decoder = f.MessageDecoder(1 << 30)
+            assert decoder.feed(f.frame_prefix(64 << 20)) == []
+        current, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert current < 1 << 20  # a 64 MiB declaration held nothing
+    assert decoder.partial and decoder.buffered == 0
+    assert decoder.feed(b"x" * 1000) == [] and decoder.buffered == 1000
+    decoder.discard()
+    assert not decoder.partial and decoder.buffered == 0
+
+
+def test_gzip_inflates_in_bounded_steps():
+    data = b"\x00" * (10 << 20)
+    inflater = f.GzipInflater(gzip.compress(data), len(data))
+    steps = 0
+    while not inflater.step(1 << 20):
+        steps += 1
+        assert len(inflater.output) == steps << 20  # never more than one step's output at a time
+    assert inflater.output == data and steps >= 9
+    with pytest.raises(f.FramingError) as e:
+        bomb = f.GzipInflater(gzip.compress(data), 1 << 20)
+        while not bomb.step(1 << 16):
+            pass
+    assert e.value.status == GRPC_RESOURCE_EXHAUSTED
+    with pytest.raises(f.FramingError, match="truncated"):
+        cut = f.GzipInflater(gzip.compress(b"abc" * 1000)[:-10], 1 << 20)
+        while not cut.step(1 << 16):
+            pass

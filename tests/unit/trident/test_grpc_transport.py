@@ -434,3 +434,280 @@ async def test_tls_with_alpn(nursery, tmp_path):
     assert await trio.to_thread.run_sync(call) == b"secret"
     with pytest.raises(ValueError, match="grpc-server-cert"):
         ssl_context(SimpleNamespace(grpc_use_ssl=True, grpc_server_cert="", grpc_server_key=""))
+
+
+# ---- hardening: abuse limits, budgets, timers ------------------------------------------------
+
+from e2e.grpc_raw import (  # noqa: E402
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    HEADERS,
+    PING,
+    PREFACE,
+    SETTINGS,
+    flood,
+    h2_frame,
+    rapid_reset,
+    request_block,
+)
+
+from trident.grpc.transport import ServerBudget  # noqa: E402
+from trident.protocol.h2_guard import GuardLimits  # noqa: E402
+
+ENHANCE_YOUR_CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+
+
+async def start(nursery, budget: ServerBudget | None = None, **config) -> tuple[int, Recorder]:
+    """A test server with TransportConfig(**config) (max message MAX, window WINDOW unless given)."""
+    rec = Recorder()
+    config = {"max_message_size": MAX, "initial_window_size": WINDOW, **config}
+    port = await nursery.start(partial(serve_methods, methods(rec), TransportConfig(**config), host="127.0.0.1",
+                                       port=0, grace_period=1, budget=budget))
+    return port, rec
+
+
+async def echo_ok(port: int, payload: bytes = b"victim") -> None:
+    """A well-behaved call on its own connection; fails the test if it is not served."""
+    with trio.fail_after(10):
+        async with open_raw(port) as c:
+            assert (await c.unary("/test.T/Echo", payload)).messages() == [payload]
+
+
+async def test_rapid_reset_gets_goaway_enhance_your_calm_and_others_are_served(nursery):
+    port, _ = await start(nursery)
+    async with trio.open_nursery() as n:
+        n.start_soon(echo_ok, port)
+        seen = await flood(port, rapid_reset("/test.T/Echo", 20_000, b"x"))
+    goaway = seen.goaway()
+    assert goaway is not None and goaway[1] == ENHANCE_YOUR_CALM and goaway[2] == b"too_many_resets"
+    await echo_ok(port)
+
+
+@pytest.mark.parametrize("unit", [
+    h2_frame(SETTINGS, 0, 0),
+    h2_frame(PING, 0, 0, b"flooding"),
+    h2_frame(HEADERS, END_HEADERS, 1, request_block("/test.T/Wait")) + h2_frame(DATA, 0, 1) * 1000,
+], ids=["settings", "ping", "empty-data"])
+async def test_control_frame_floods_get_goaway_enhance_your_calm(nursery, unit):
+    port, _ = await start(nursery, max_ping_strikes=0)  # PINGs meet the flood limit, not the strikes
+    count = 100_000 // max(1, unit.count(h2_frame(DATA, 0, 1)))
+    payload = unit * count if len(unit) < 100 else unit * 100
+    seen = await flood(port, payload)
+    goaway = seen.goaway()
+    assert goaway is not None and goaway[1] == ENHANCE_YOUR_CALM and goaway[2] == b"too_many_control_frames"
+    # the flood was cut short: far fewer SETTINGS ACKs / PING ACKs than frames sent
+    assert len(seen.of(SETTINGS)) + len(seen.of(PING)) < 5000
+    await echo_ok(port)
+
+
+async def test_continuation_flood_is_bounded_and_ends_the_connection(nursery):
+    port, _ = await start(nursery, guard=GuardLimits(max_header_block=256 * 1024))
+    block = h2_frame(HEADERS, 0, 1, request_block("/test.T/Echo"))
+    payload = block + h2_frame(CONTINUATION, 0, 1, b"\x00" * (1 << 20)) * 64  # 64 MiB, never END_HEADERS
+    seen = await flood(port, payload, chunk=1 << 20)
+    goaway = seen.goaway()
+    assert goaway is not None and goaway[1] == ENHANCE_YOUR_CALM and goaway[2] == b"header_block_too_large"
+    await echo_ok(port)
+
+
+async def test_large_header_list_fails_its_stream_and_keeps_the_connection(served):
+    port, _, _ = served
+    async with open_raw(port) as c:
+        big = await c.unary("/test.T/Echo", b"x", extra=[(b"x-big", b"m" * 70_000)])
+        assert big.status == GRPC_RESOURCE_EXHAUSTED and "header list" in big.message
+        # HPACK stayed in step: a request indexed after the big one decodes
+        for i in range(3):
+            s = await c.unary("/test.T/Echo", b"after", extra=[(b"x-indexed", b"v")])
+            assert s.status == GRPC_OK and s.messages() == [b"after"], i
+        assert c.goaway is None
+
+
+async def test_streams_over_the_limit_are_refused_and_the_connection_survives(nursery):
+    port, rec = await start(nursery, max_concurrent_streams=4)
+    async with open_raw(port) as c:
+        with trio.fail_after(5):
+            while c.h2.remote_settings.max_concurrent_streams != 4:
+                await c.window_changed.wait()
+        # a client that ignores the advertised limit (h2 would refuse to open the fifth stream)
+        c.h2.remote_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = 100
+        c.h2.remote_settings.acknowledge()
+        waiting = []
+        for _ in range(4):
+            s = await c.open("/test.T/Wait")
+            await c.send(s, frame(b""), end_stream=True)
+            waiting.append(s)
+        await rec.started.wait()
+        extra = await c.open("/test.T/Echo", extra=[(b"x-new-header", b"indexed by the refused block")])
+        with trio.fail_after(5):
+            await extra.closed.wait()
+        assert extra.reset_code == h2.errors.ErrorCodes.REFUSED_STREAM
+        rec.release.set()
+        for s in waiting:
+            with trio.fail_after(5):
+                await s.closed.wait()
+            assert s.status == GRPC_OK and s.messages() == [b"done"]
+        # the refused block's header entered both HPACK tables: the next request refers to it
+        again = await c.unary("/test.T/Echo", b"hpack ok", extra=[(b"x-new-header", b"indexed by the refused block")])
+        assert again.status == GRPC_OK and again.messages() == [b"hpack ok"]
+        assert c.goaway is None
+
+
+async def test_prefixes_alone_buffer_nothing(nursery):
+    budget = ServerBudget(1 << 30)
+    port, _ = await start(nursery, budget, max_message_size=64 << 20)
+    async with open_raw(port) as c:
+        streams = []
+        for _ in range(8):
+            s = await c.open("/test.T/Echo")
+            await c.send(s, b"\x00" + (64 << 20).to_bytes(4, "big"))
+            streams.append(s)
+        assert (await c.unary("/test.T/Echo", b"sync")).messages() == [b"sync"]  # all prefixes were read
+        assert budget.buffered == 0 and budget.peak < 1 << 20
+        for s in streams:
+            await c.reset(s)
+
+
+async def test_connection_and_server_budgets_answer_resource_exhausted(nursery):
+    budget = ServerBudget(150_000)
+    port, _ = await start(nursery, budget, max_connection_buffered=100_000, initial_window_size=1 << 20)
+    async with open_raw(port) as a, open_raw(port) as b, open_raw(port) as c:
+        first = await a.open("/test.T/Echo")
+        await a.send(first, b"\x00" + MAX.to_bytes(4, "big") + b"1" * 60_000)
+        second = await a.open("/test.T/Echo")  # 120 000 bytes on one connection: over 100 000
+        await a.send(second, b"\x00" + MAX.to_bytes(4, "big") + b"2" * 60_000)
+        with trio.fail_after(5):
+            await second.closed.wait()
+        assert second.status == GRPC_RESOURCE_EXHAUSTED and "on this connection" in second.message
+        other = await b.open("/test.T/Echo")  # 60 000 + 60 000 is within the server's budget...
+        await b.send(other, b"\x00" + MAX.to_bytes(4, "big") + b"3" * 60_000)
+        assert (await b.unary("/test.T/Echo", b"sync")).messages() == [b"sync"]
+        third = await c.open("/test.T/Echo")  # ...a third 60 000 is not
+        await c.send(third, b"\x00" + MAX.to_bytes(4, "big") + b"4" * 60_000)
+        with trio.fail_after(5):
+            await third.closed.wait()
+        assert third.status == GRPC_RESOURCE_EXHAUSTED and "by the server" in third.message
+        assert budget.peak <= 150_000
+        await a.send(first, b"1" * (MAX - 60_000), end_stream=True)
+        await b.send(other, b"3" * (MAX - 60_000), end_stream=True)
+        await first.closed.wait()
+        await other.closed.wait()
+        assert first.messages() == [b"1" * MAX] and other.messages() == [b"3" * MAX]
+    with trio.fail_after(5):
+        while budget.buffered:
+            await trio.sleep(0.01)
+
+
+async def test_a_message_that_does_not_complete_in_time_fails_its_stream(nursery):
+    budget = ServerBudget(1 << 30)
+    port, _ = await start(nursery, budget, message_timeout=0.3)
+    async with open_raw(port) as c:
+        drip = await c.open("/test.T/Echo")
+        await c.send(drip, b"\x00" + (1000).to_bytes(4, "big") + b"d" * 10)
+        with trio.fail_after(5):
+            await drip.closed.wait()
+        assert drip.status == GRPC_DEADLINE_EXCEEDED and "not received whole" in drip.message
+        assert budget.buffered == 0
+        assert (await c.unary("/test.T/Echo", b"next")).messages() == [b"next"]
+
+
+async def test_silent_and_half_open_connections_are_closed_after_the_handshake_timeout(nursery):
+    port, _ = await start(nursery, handshake_timeout=0.3)
+    for greeting in (b"", PREFACE, PREFACE[:10]):
+        sock = await trio.open_tcp_stream("127.0.0.1", port)
+        await sock.send_all(greeting)
+        with trio.fail_after(5):
+            while await sock.receive_some(65536):
+                pass
+        await sock.aclose()
+    await echo_ok(port)  # a client that greets at once is served
+
+
+async def test_an_idle_connection_gets_goaway_no_error(nursery):
+    port, _ = await start(nursery, idle_timeout=0.3)
+    async with open_raw(port) as c:
+        assert (await c.unary("/test.T/Echo", b"one")).messages() == [b"one"]
+        with trio.fail_after(5):
+            await c.closed.wait()
+        assert c.goaway is not None and c.goaway.error_code == h2.errors.ErrorCodes.NO_ERROR
+
+
+async def test_keepalive_pings_and_closes_a_peer_that_does_not_answer(nursery):
+    port, rec = await start(nursery, keepalive_time=0.2, keepalive_timeout=0.3)
+    async with open_raw(port) as alive:  # answers PINGs: kept while its call runs
+        s = await alive.open("/test.T/Wait")
+        await alive.send(s, frame(b""), end_stream=True)
+        with trio.fail_after(5):
+            while len(alive.pings) < 2:
+                await trio.sleep(0.05)
+        assert not alive.closed.is_set()
+        rec.release.set()
+        await s.closed.wait()
+        assert s.status == GRPC_OK
+    rec.release = trio.Event()
+    sock = await trio.open_tcp_stream("127.0.0.1", port)  # sends a call, then never reads or acks
+    await sock.send_all(PREFACE + h2_frame(SETTINGS, 0, 0) + h2_frame(HEADERS, END_HEADERS, 1, request_block("/test.T/Wait"))
+                        + h2_frame(DATA, 1, 1, frame(b"")))
+    with trio.fail_after(5):
+        while "wait" not in rec.cancelled:
+            await trio.sleep(0.05)
+    await trio.aclose_forcefully(sock)
+
+
+async def test_too_many_pings_without_data_get_goaway_too_many_pings(nursery):
+    port, _ = await start(nursery, min_recv_ping_interval=10.0, max_ping_strikes=2)
+    async with open_raw(port) as c:
+        for i in range(3):  # a call between pings resets the strikes
+            c.h2.ping(b"pingpong")
+            await c.flush()
+            assert (await c.unary("/test.T/Echo", b"data")).messages() == [b"data"], i
+        assert c.goaway is None
+        for _ in range(4):
+            c.h2.ping(b"pingpong")
+        await c.flush()
+        with trio.fail_after(5):
+            await c.closed.wait()
+        assert c.goaway is not None and c.goaway.error_code == ENHANCE_YOUR_CALM
+        assert c.goaway.additional_data == b"too_many_pings"
+
+
+async def test_connections_beyond_the_limit_wait_to_be_accepted(nursery):
+    port, _ = await start(nursery, max_connections=2)
+    async with open_raw(port) as a:
+        assert (await a.unary("/test.T/Echo", b"a")).messages() == [b"a"]
+        async with open_raw(port) as b:
+            assert (await b.unary("/test.T/Echo", b"b")).messages() == [b"b"]
+            done = trio.Event()
+
+            async def third():
+                await echo_ok(port, b"c")
+                done.set()
+
+            nursery.start_soon(third)
+            await trio.sleep(0.3)
+            assert not done.is_set()  # not accepted while two connections are open
+        with trio.fail_after(5):
+            await done.wait()  # accepted once one closed
+
+
+async def test_large_gzip_messages_inflate_in_worker_threads(nursery):
+    budget = ServerBudget(1 << 30, threads=1)
+    port, _ = await start(nursery, budget, max_message_size=64 << 20, initial_window_size=1 << 20)
+    gz = [(b"grpc-encoding", b"gzip"), (b"grpc-accept-encoding", b"gzip")]
+    bomb = gzip.compress(b"\x00" * (48 << 20))  # ~48 KiB that inflate to 48 MiB
+    async with open_raw(port) as c:
+        async with budget.limiter:  # every worker thread is busy
+            s = await c.open("/test.T/Echo", extra=gz)
+            await c.send(s, frame(bomb, compressed=True), end_stream=True)
+            small = await c.open("/test.T/Echo", extra=gz)  # small ones inflate inline meanwhile
+            await c.send(small, frame(gzip.compress(b"tiny"), compressed=True), end_stream=True)
+            with trio.fail_after(5):
+                await small.closed.wait()
+            assert small.messages() == [b"tiny"]
+            assert not s.closed.is_set() and budget.buffered > 0  # waits for a thread, output charged
+        with trio.fail_after(30):
+            await s.closed.wait()
+        assert s.status == GRPC_OK and len(s.messages()[0]) == 48 << 20
+    with trio.fail_after(5):
+        while budget.buffered:
+            await trio.sleep(0.01)
