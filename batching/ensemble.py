@@ -299,7 +299,8 @@ class _EnsembleRequest:
         self.ensemble = ensemble
         self.plan = plan
         self.request = request
-        self.send = send
+        self._send = send
+        self._sending = trio.StrictFIFOLock()  # steps finish in several tasks; the consumer sees one send at a time
         self.batch = batch
         self.requested = [o.name for o in request.outputs] or list(plan.outputs)
         self.classification = {o.name: o.parameters.get("classification") for o in request.outputs}
@@ -417,6 +418,11 @@ class _EnsembleRequest:
             await self.send(response)
         elif self.response is None:
             self.response = response
+
+    async def send(self, response: InferenceResponse) -> None:
+        """Hand one response to the caller's ``send``, in order, never two at once."""
+        async with self._sending:
+            await self._send(response)
 
     def _sequence_parameters(self) -> dict[str, ParamValue]:
         """Triton puts the request's sequence fields on every ensemble response."""
