@@ -75,7 +75,14 @@ async def test_malformed_requests_get_statuses_and_others_are_served(server):
     async with open_raw(port) as c:
         # undecodable protobuf
         s = await c.unary(INFER, b"\x0a\xff\xff\xff")
-        assert s.status == GRPC_INTERNAL and "failed to parse ModelInferRequest" in s.message
+        assert s.status == GRPC_INVALID_ARGUMENT and "failed to parse ModelInferRequest" in s.message
+        # a packed FP64 contents field declaring more bytes than remain (found by fuzzing: was a
+        # ValueError answered INTERNAL with a traceback per request)
+        s = await c.unary(INFER, bytes.fromhex(
+            "0a0d6964656e746974795f667033322a160a06494e505554301204465036341a01012a033a0800"))
+        assert s.status == GRPC_INVALID_ARGUMENT and "runs past the end of its message" in s.message
+        s = await c.unary("/inference.GRPCInferenceService/ModelMetadata", b"\x0a\xff\xff\xff")
+        assert s.status == GRPC_INVALID_ARGUMENT and "failed to parse ModelMetadataRequest" in s.message
         # a valid message that is not a valid request
         s = await c.unary(INFER, infer_request(np.zeros((1, 2)), name="NOPE"))
         assert s.status == GRPC_INVALID_ARGUMENT

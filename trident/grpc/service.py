@@ -16,7 +16,13 @@ from typing import Any
 import betterproto2
 import trio
 
-from trident.errors import GRPC_INTERNAL, GRPC_UNAVAILABLE, TritonError, invalid_arg, unsupported
+from trident.errors import (
+    GRPC_INVALID_ARGUMENT,
+    GRPC_UNAVAILABLE,
+    TritonError,
+    invalid_arg,
+    unsupported,
+)
 from trident.execution import FLAG_ONLY
 from trident.grpc.transport import Call, GrpcError, Method
 from trident.protocol import grpc_codec
@@ -48,12 +54,13 @@ def _parse_now(cls: type[Any], data: bytearray) -> Any:
     try:
         return cls.parse(bytes(data))
     except Exception as e:  # betterproto2 raises EOFError, ValueError, KeyError... on bad input
-        raise GrpcError(GRPC_INTERNAL, f"failed to parse {cls.__name__}: {e}") from None
+        raise GrpcError(GRPC_INVALID_ARGUMENT, f"failed to parse {cls.__name__}: {e}") from None
 
 
 async def _parse(call: Call, cls: type[Any], data: bytearray) -> Any:
     """Decode a betterproto2 message: inline when small, in a worker thread from
-    ``offload_size`` bytes (the call's task waits for it). Raises GrpcError(INTERNAL)."""
+    ``offload_size`` bytes (the call's task waits for it). Raises GrpcError(INVALID_ARGUMENT)
+    for bytes that are not the message (Triton answers INTERNAL "Unable to parse request")."""
     if len(data) < call.conn.config.offload_size:
         return _parse_now(cls, data)
     return await call.run_sync(_parse_now, cls, data)
@@ -272,14 +279,14 @@ class InferenceService:
 
     async def _request(self, call: Call, data: bytearray) -> InferenceRequest:
         """Decode a ModelInferRequest: inline when small, in a worker thread from ``offload_size``
-        bytes (the call's task waits for it). Raises GrpcError(INTERNAL) for a bad message."""
+        bytes (the call's task waits for it). Raises GrpcError(INVALID_ARGUMENT) for a bad message."""
         try:
             if len(data) < call.conn.config.offload_size:
                 request = grpc_codec.decode_model_infer_request(data)
             else:
                 request = await call.run_sync(grpc_codec.decode_model_infer_request, data)
         except grpc_codec.DecodeError as e:
-            raise GrpcError(GRPC_INTERNAL, f"failed to parse ModelInferRequest: {e}") from None
+            raise GrpcError(GRPC_INVALID_ARGUMENT, f"failed to parse ModelInferRequest: {e}") from None
         if self.forward is not None:
             for key, value in call.metadata:
                 if isinstance(value, str) and self.forward.fullmatch(key):
