@@ -90,6 +90,13 @@ class LoadContext:
 class ModelInstance(abc.ABC):
     """One loaded instance of a model version; used from one worker thread at a time."""
 
+    #: True when ``execute`` may run on the event-loop thread: plain CPU work that never waits
+    #: on the server (BLS, model control), another process or a device. trident then runs a
+    #: batch inline when this instance's calls measure short (trident.execution.InlineChoice)
+    #: and on the instance's thread otherwise. Read before every batch; False keeps every
+    #: batch on the thread.
+    inline_safe: bool = False
+
     @abc.abstractmethod
     def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse] | None:
         """Run a batch. See the module docstring for the contract. Blocking; runs in a thread."""

@@ -282,4 +282,6 @@ class OnnxRuntimeBackend(Backend):
         ins, outs = describe(session)
         check_io(config, ins, outs)
         log.info("loaded '%s' %s on %s with %s", config.name, ctx.instance_name, ctx.instance_kind, wanted[0])
-        return OnnxInstance(ort, session, config)
+        instance = OnnxInstance(ort, session, config)
+        instance.inline_safe = wanted[0] == "CPUExecutionProvider"  # short CPU runs may stay on the loop
+        return instance

@@ -330,6 +330,7 @@ class PyTorchBackend(Backend):
         arg_names, dict_input = _signature(module, scripted)
         instance = TorchInstance(torch, module, device, config, key=key, scripted=scripted,
                                  arg_names=arg_names, dict_input=dict_input)
+        instance.inline_safe = device == "cpu"  # no CUDA stream waits on the event loop
         log.info("loaded '%s' %s on %s (%s)", config.name, ctx.instance_name, device,
                  "TorchScript" if scripted else "torch.export")
         return instance

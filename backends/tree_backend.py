@@ -328,7 +328,9 @@ class TreeBackend(Backend):
         check_tree_config(config, forest)
         log.info("loaded tree model '%s' %s (%d features, %s)", config.name, ctx.instance_name,
                  forest.num_features, f"{forest.num_classes} classes" if forest.is_classifier else "regressor")
-        return TreeInstance(forest, config)
+        instance = TreeInstance(forest, config)
+        instance.inline_safe = True
+        return instance
 
 
 def check_tree_config(config: ModelConfig, forest: Forest) -> None:

@@ -139,6 +139,32 @@ class DynamicScheduler(Scheduler):
     def queued(self) -> int:
         return len(self._queue)
 
+    def claim(self) -> _Worker | None:
+        """An idle instance for a request to run on now, in the caller's task, or None.
+
+        Only when Triton's default scheduler would hand the request to that instance at once
+        anyway: batching off, nothing queued, no rate limiter (which gates executions) and no
+        response ordering. Saves the queue entry and the hand-off to the worker task. The
+        caller must :meth:`release` the slot once the execution is over.
+        """
+        if self.rules.enabled or self._rate_limiter is not None or self._sequencer is not None:
+            return None
+        if not self._idle or len(self._queue):
+            return None
+        return self._idle.popleft()
+
+    def release(self, slot: Any) -> None:
+        """The claimed instance is free again: it takes what queued meanwhile, or idles."""
+        worker: _Worker = slot
+        if worker.retiring:
+            worker.send.send_nowait(None)  # its worker task ends; remove_instance returns
+            return
+        self._idle.append(worker)
+        if len(self._queue):
+            self.step(trio.current_time())
+            if len(self._queue):
+                self._wakeup.set()
+
     def next_turn(self) -> Turn | None:
         """A turn in the response order for a request answered without queueing (cache hit)."""
         return self._sequencer.next() if self._sequencer is not None else None

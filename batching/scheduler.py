@@ -69,6 +69,16 @@ class Scheduler(abc.ABC):
         """A place in the response order for a request answered without queueing (None: no ordering)."""
         return None
 
+    def claim(self) -> Any:
+        """An idle instance's slot for a request to execute at once in its caller's task, or
+        None (the request must be enqueued). A claimed slot (``slot.instance``) gets no other
+        work until :meth:`release`. The default: never."""
+        return None
+
+    def release(self, slot: Any) -> None:
+        """Give back a slot from :meth:`claim` after its execution."""
+        raise unsupported(f"{type(self).__name__} hands out no slots")
+
 
 class GreedyScheduler(Scheduler):
     """FIFO; each idle instance takes the longest prefix of the queue that fits max_batch_size."""

@@ -91,6 +91,7 @@ def validate_config(config: ModelConfig, model_name: str, model_dir: Path, *, gp
                 raise invalid_arg("histogram options must specify non-empty 'buckets'")
     _validate_io(config)
     _validate_instance_groups(config, gpu_count)
+    _validate_inline_parameter(config)
     confine_model_files(config, model_dir)
     _validate_label_files(config, model_dir)
 
@@ -495,6 +496,15 @@ def confine_model_files(config: ModelConfig, model_dir: Path) -> None:
         if output.label_filename:
             # where it points is checked with the file itself (_validate_label_files)
             _check_file_name(output.label_filename, f"label file of output '{output.name}'", name, relative=False)
+
+
+def _validate_inline_parameter(config: ModelConfig) -> None:
+    from trident.execution import INLINE_MODES, INLINE_PARAMETER
+
+    param = config.parameters.get(INLINE_PARAMETER)
+    if param is not None and param.string_value.strip().lower() not in INLINE_MODES:
+        raise invalid_arg(f"parameter {INLINE_PARAMETER} of model '{config.name}' must be one of "
+                          f"{', '.join(INLINE_MODES)}, got '{param.string_value}'")
 
 
 def _version_names(root: Path) -> list[str]:

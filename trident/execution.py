@@ -4,7 +4,8 @@
 :class:`Responder` is the thread-safe sink a decoupled model sends 0..N responses into (from
 any thread); a regular model's list of responses goes through the same channel, so unary,
 decoupled and streaming calls share one path. :class:`BatchExecutor` runs one batch in the
-instance's worker thread, post-processes outputs (requested outputs, classification, BF16
+instance's worker thread (or inline on the event loop when the instance's calls are short:
+:class:`InlineChoice`), post-processes outputs (requested outputs, classification, BF16
 labels) and records statistics.
 """
 
@@ -149,6 +150,47 @@ class Pending:
         return self.request.cancelled
 
 
+INLINE_PARAMETER = "TRIDENT_INLINE_EXECUTION"  # auto (default) | always | never
+INLINE_MODES = ("auto", "always", "never")
+
+
+class InlineChoice:
+    """Whether an instance's next batch runs inline on the event-loop thread (pure: fed the
+    measured duration of every call, no clock of its own).
+
+    ``auto``: the first ``probe_calls`` calls run on the instance's thread and are measured;
+    after them a batch runs inline while the moving average of call times stays under
+    ``threshold_ns``, and on the thread as soon as it rises above (every call is measured in
+    either place, so a model that gets faster comes back inline). A call that runs inline costs
+    no thread hand-off (a queue, a futex, a GIL hand-over and a loop wake-up each way) and, for
+    models that hold the GIL anyway (Python), no parallelism. ``always`` / ``never`` force it.
+    """
+
+    __slots__ = ("mode", "threshold_ns", "probe_calls", "calls", "average_ns")
+
+    def __init__(self, mode: str = "auto", threshold_ns: int = 200_000, probe_calls: int = 8) -> None:
+        if mode not in INLINE_MODES:
+            raise ValueError(f"{INLINE_PARAMETER} must be one of {', '.join(INLINE_MODES)}, got '{mode}'")
+        self.mode = mode
+        self.threshold_ns = threshold_ns
+        self.probe_calls = probe_calls
+        self.calls = 0
+        self.average_ns = 0.0
+
+    def inline(self) -> bool:
+        if self.mode != "auto":
+            return self.mode == "always"
+        return self.calls >= self.probe_calls and self.average_ns < self.threshold_ns
+
+    def record(self, ns: int) -> None:
+        """One call took ``ns`` (inline or on the thread)."""
+        self.calls += 1
+        if self.calls == 1:
+            self.average_ns = float(ns)
+        else:  # weighs the recent calls; one long call is enough to move off the loop
+            self.average_ns += 0.2 * (ns - self.average_ns)
+
+
 class InstanceThread:
     """The one long-lived thread an instance's batches (and warmup samples) run on, in order.
 
@@ -163,13 +205,23 @@ class InstanceThread:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the thread; its result, or its exception raised here."""
+    async def run(self, fn: Callable[..., Any], *args: Any, on_cancel: Callable[[], None] | None = None) -> Any:
+        """``fn(*args)`` on the thread; its result, or its exception raised here.
+
+        Cancelling the caller calls ``on_cancel`` at once (e.g. to tell the running requests)
+        but still waits for ``fn``; Cancelled is raised at the caller's next checkpoint.
+        """
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
             self._thread.start()
         self._queue.put((fn, args, trio.lowlevel.current_task(), trio.lowlevel.current_trio_token()))
-        result = await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            if on_cancel is not None:
+                on_cancel()
+            return trio.lowlevel.Abort.FAILED
+
+        result = await trio.lowlevel.wait_task_rescheduled(abort)
         return result
 
     def _loop(self) -> None:
@@ -191,9 +243,18 @@ class InstanceThread:
 class BatchExecutor:
     """Executes batches of one model version on its instances."""
 
-    def __init__(self, model: ModelVersion) -> None:
+    def __init__(self, model: ModelVersion, inline_mode: str = "auto") -> None:
         self.model = model
+        self.inline_mode = inline_mode
         self._threads: dict[int, InstanceThread] = {}
+        self._choices: dict[int, InlineChoice] = {}
+
+    def choice(self, instance: ModelInstance) -> InlineChoice:
+        """Where ``instance``'s batches run (see InlineChoice)."""
+        choice = self._choices.get(id(instance))
+        if choice is None:
+            choice = self._choices[id(instance)] = InlineChoice(self.inline_mode)
+        return choice
 
     def thread(self, instance: ModelInstance) -> InstanceThread:
         """The instance's thread (batches and warmup of an instance never overlap)."""
@@ -204,16 +265,21 @@ class BatchExecutor:
 
     def release(self, instance: ModelInstance) -> None:
         """The instance is going away: end its thread."""
+        self._choices.pop(id(instance), None)
         thread = self._threads.pop(id(instance), None)
         if thread is not None:
             thread.close()
 
-    async def __call__(self, instance: ModelInstance, batch: list[Pending]) -> None:
-        """Run ``batch`` on ``instance`` and deliver the responses. Never raises.
+    async def __call__(self, instance: ModelInstance, batch: list[Pending], *, direct: bool = False) -> None:
+        """Run ``batch`` on ``instance`` and deliver the responses. Never raises (``direct``:
+        only Cancelled, after the execution).
 
         Requests cancelled before execution are dropped. A running kernel is never abandoned:
-        the thread is awaited under a shielded scope and the results of cancelled requests
-        are discarded.
+        a worker task waits for the thread under a shielded scope; a ``direct`` caller (the
+        request's own task, ModelVersion.infer_stream) is not shielded: its cancellation marks
+        the requests cancelled at once (models see ``is_cancelled()``, BLS calls they made are
+        cancelled), waits for the call, and raises Cancelled at its next checkpoint. Results
+        of cancelled requests are discarded.
         """
         model = self.model
         live = []
@@ -237,14 +303,25 @@ class BatchExecutor:
             finally:
                 called[1] = time.monotonic_ns()
 
+        choice = self.choice(instance)
         try:
-            with trio.CancelScope(shield=True):
-                responses = await self.thread(instance).run(call)
+            if instance.inline_safe and choice.inline():
+                responses = call()  # on the event-loop thread: short, measured calls only
+            elif direct:
+                def cancel_all() -> None:
+                    for r in requests:
+                        r.cancel()
+
+                responses = await self.thread(instance).run(call, on_cancel=cancel_all)
+            else:
+                with trio.CancelScope(shield=True):
+                    responses = await self.thread(instance).run(call)
         except TritonError as e:
             error = e
         except Exception as e:
             error = internal(f"{type(e).__name__}: {e}")
         infer_start, infer_end = called[0], max(called[1], called[0])
+        choice.record(infer_end - infer_start)
         if error is None and not model.decoupled and (responses is None or len(responses) != len(live)):
             got = "None" if responses is None else f"{len(responses)} responses"
             error = internal(f"model '{model.name}' returned {got} for a batch of {len(live)} requests")

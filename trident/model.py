@@ -33,7 +33,7 @@ from trident.batching.instances import InstanceSpec, instance_specs
 from trident.batching.scheduler import Scheduler
 from trident.batching.warmup import WarmupSample, warm_up, warmup_samples
 from trident.errors import Code, TritonError, internal, invalid_arg, unavailable
-from trident.execution import BatchExecutor, Pending
+from trident.execution import INLINE_MODES, INLINE_PARAMETER, BatchExecutor, Pending
 from trident.model_metrics import observer_for
 from trident.protocol.generated.inference import ModelConfig
 from trident.stats import BACKEND, CANCELED, REJECTED, StatsRecorder
@@ -105,7 +105,7 @@ class ModelVersion:
         self.stopped = trio.Event()
         self._idle = trio.Event()
         self._idle.set()
-        self.executor = BatchExecutor(self)
+        self.executor = BatchExecutor(self, inline_mode(config))
         self.scheduler: Scheduler = make_scheduler(config, self.on_drop, rate_limiter=rate_limiter,
                                                    model_dir=model_dir)
         self.inputs, self.outputs = tensor_specs(config, model_dir)
@@ -293,11 +293,20 @@ class ModelVersion:
                 if cached is not None:
                     await self._send_cached(pending, cached, send, lookup_start, lookup_ns)
                     return
-            try:
-                self.scheduler.enqueue(pending)
-            except TritonError:
-                self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=REJECTED)
-                raise
+            # an idle instance and nothing queued: run it here and now (not a decoupled model:
+            # its responses must be consumed while it executes)
+            slot = None if self.decoupled else self.scheduler.claim()
+            if slot is not None:
+                try:
+                    await self.executor(slot.instance, [pending], direct=True)
+                finally:
+                    self.scheduler.release(slot)
+            else:
+                try:
+                    self.scheduler.enqueue(pending)
+                except TritonError:
+                    self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=REJECTED)
+                    raise
             first = True
             window = pending.responder.window
             async with pending.receive:
@@ -375,6 +384,14 @@ class ModelVersion:
         Raises TritonError(INVALID_ARG) with Triton's wording.
         """
         return validate_request(self.name, self.max_batch_size, self.inputs, self.outputs, request)
+
+
+def inline_mode(config: ModelConfig) -> str:
+    """The ``TRIDENT_INLINE_EXECUTION`` parameter: auto (default), always or never
+    (validate_config refuses other values)."""
+    param = config.parameters.get(INLINE_PARAMETER)
+    mode = param.string_value.strip().lower() if param is not None else ""
+    return mode if mode in INLINE_MODES else "auto"
 
 
 def tensor_specs(config: ModelConfig, model_dir: Path) -> tuple[dict[str, TensorSpec], dict[str, TensorSpec]]:

@@ -27,6 +27,10 @@ class TritonModelException(Exception):
 class _Runtime(abc.ABC):
     """What pb_utils asks of the server that loaded the model (see the module docstring)."""
 
+    #: calls that crossed into the server (BLS, model control) so far; an instance that made
+    #: one never runs inline on the event loop again (PythonInstance.inline_safe)
+    server_calls: int = 0
+
     @abc.abstractmethod
     def bls(self, request: InferenceRequest, decoupled: bool, parents: Sequence[Any]) -> Iterator[InferenceResponse]:
         """Start a BLS request; iterate the callee's responses (errors as error responses).

@@ -156,8 +156,22 @@ class InProcessRuntime(pb_utils._Runtime):
         self.server = server
         self.token = token
 
+    def _crossing(self) -> str | None:
+        """Count a call into the server; the reason it cannot run when made on the loop's thread."""
+        self.server_calls += 1
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            return None  # a worker thread, as it should be
+        return ("BLS and model control calls cannot be made while the model executes inline on the event "
+                "loop; this instance runs on its thread from now on (parameter TRIDENT_INLINE_EXECUTION: "
+                "never avoids this)")
+
     def bls(self, request: pb_utils.InferenceRequest, decoupled: bool,
             parents: Sequence[Any]) -> Iterator[pb_utils.InferenceResponse]:
+        refused = self._crossing()
+        if refused is not None:
+            return iter([_convert.error_response(Code.UNAVAILABLE, refused)])
         try:
             converted = _convert.to_request(request)
         except TritonError as e:
@@ -165,6 +179,9 @@ class InProcessRuntime(pb_utils._Runtime):
         return BlsCall(self.server, self.token, converted, decoupled, parents).start()
 
     def _call(self, fn: Any, *args: Any) -> Any:
+        refused = self._crossing()
+        if refused is not None:
+            raise pb_utils.TritonModelException(refused)
         try:
             return trio.from_thread.run(fn, *args, trio_token=self.token)
         except TritonError as e:

@@ -30,6 +30,7 @@ import functools
 import inspect
 import json
 import logging
+import re
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,18 @@ def _describe(e: BaseException) -> str:
     return text
 
 
+_SERVER_CALLS = re.compile(rb"\b(?:exec|async_exec|stream_exec|load_model|unload_model|is_model_ready)\s*\(")
+
+
+def _calls_the_server(module: Any) -> bool:
+    """Whether a model module's source names a pb_utils call that crosses into the server."""
+    try:
+        source = Path(inspect.getfile(module)).read_bytes()
+    except (OSError, TypeError):
+        return True
+    return _SERVER_CALLS.search(source) is not None
+
+
 def _model_file(config: ModelConfig, folder: Path) -> Path:
     return folder / (config.default_model_filename or PythonBackend.default_model_filename)
 
@@ -138,6 +151,16 @@ class PythonInstance(ModelInstance):
         self._all_outputs = list(identity.outputs)
         self._finalized = False
         pb_utils._bind_package(loaded.package, runtime)
+        # inline on the event loop only for plain synchronous models: never one that calls the
+        # server (BLS, model control: they cross into the loop and would wait on themselves)
+        execute = getattr(model, "execute", None)
+        self._inline_candidate = not (inspect.iscoroutinefunction(execute) or _calls_the_server(loaded.module))
+
+    @property
+    def inline_safe(self) -> bool:  # type: ignore[override]
+        """True for a synchronous model whose code names no BLS or model-control call and that
+        has made no such call so far (ModelInstance.inline_safe)."""
+        return self._inline_candidate and (self._runtime is None or not self._runtime.server_calls)
 
     # ---- running model code ----
 

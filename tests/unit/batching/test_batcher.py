@@ -318,3 +318,58 @@ async def test_cancelled_request_past_its_timeout_is_dropped_not_rejected(autoju
         await trio.sleep(2)
         nursery.cancel_scope.cancel()
     assert h.rejected == [] and h.dropped == ["gone"] and h.batches() == [["busy"]]
+
+
+async def test_claim_gives_an_idle_instance_to_its_caller_when_nothing_is_queued(autojump_clock):
+    h = Harness(BatchRules())
+    async with trio.open_nursery() as nursery:
+        h.start(nursery, instances=("i0", "i1"))
+        await trio.sleep(0.01)
+        first = h.scheduler.claim()
+        second = h.scheduler.claim()
+        assert {first.instance, second.instance} == {"i0", "i1"}
+        assert h.scheduler.claim() is None  # both instances are taken
+        h.scheduler.enqueue(item("a"))
+        await trio.sleep(1)
+        assert h.batches() == []  # a claimed instance gets no batch
+        h.scheduler.release(first)
+        await trio.sleep(1)
+        assert h.executed == [(first.instance, ["a"], pytest.approx(1.01))]
+        assert h.scheduler.claim() is first  # idle again, queue empty
+        h.scheduler.release(first)
+        h.scheduler.release(second)
+        nursery.cancel_scope.cancel()
+
+
+async def test_claim_refused_with_batching_ordering_or_a_rate_limiter(autojump_clock):
+    limiter = RateLimiter()
+    limiter.register("i0", Needs({("R", 0): 1}))
+    for kw in ({"rules": GREEDY}, {"rules": BatchRules(), "preserve_ordering": True},
+               {"rules": BatchRules(), "rate_limiter": limiter}):
+        h = Harness(kw.pop("rules"), **kw)
+        async with trio.open_nursery() as nursery:
+            h.start(nursery)
+            await trio.sleep(0.01)
+            assert h.scheduler.claim() is None
+            nursery.cancel_scope.cancel()
+
+
+async def test_retiring_a_claimed_instance_waits_for_its_release(autojump_clock):
+    h = Harness(BatchRules())
+    async with trio.open_nursery() as nursery:
+        h.start(nursery, instances=("i0",))
+        await trio.sleep(0.01)
+        slot = h.scheduler.claim()
+        retired = trio.Event()
+
+        async def retire():
+            await h.scheduler.remove_instance("i0")
+            retired.set()
+
+        nursery.start_soon(retire)
+        await trio.sleep(1)
+        assert not retired.is_set()
+        h.scheduler.release(slot)
+        await trio.sleep(0.01)
+        assert retired.is_set() and h.scheduler.instances() == []
+        nursery.cancel_scope.cancel()
