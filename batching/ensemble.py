@@ -39,6 +39,7 @@ from typing import Any
 import trio
 
 from trident import config as cfg
+from trident.batching.batcher import Sequencer, Turn
 from trident.batching.cache import request_key
 from trident.batching.ensemble_plan import (
     EnsemblePlan,
@@ -318,14 +319,21 @@ class _EnsembleRequest:
         self.on_final: Callable[[InferenceResponse], None] | None = None  # the response cache's insert
         self.trace: Any = None  # the request's trace: its steps' requests are traced as its children
         self._nursery: trio.Nursery | None = None
+        self._order: dict[int, Sequencer] = {}  # per step: its iterations' turns
+        self._held: dict[int, list[Tensor]] = {}  # decoupled: outputs waiting for an earlier iteration's
+        self._next_output = 0
 
     def _readers(self, tensor: str) -> int:
         readers = sum(1 for i in self.plan.consumers.get(tensor, ()) if i in self.needed)
         return readers + (1 if tensor in self.requested else 0)
 
-    def _put(self, tensor: str, value: Tensor | None, batch: int) -> tuple[str, int]:
-        iteration = self.iterations.get(tensor, 0)
-        self.iterations[tensor] = iteration + 1
+    def _put(self, tensor: str, value: Tensor | None, batch: int, iteration: int | None = None) -> tuple[str, int]:
+        """Store one iteration of ``tensor``: ``iteration`` when the producing step answers
+        each of its iterations once (the step's own), else the next one in arrival order (the
+        responses of a decoupled step, which arrive in order on one task)."""
+        if iteration is None:
+            iteration = self.iterations.get(tensor, 0)
+            self.iterations[tensor] = iteration + 1
         readers = self._readers(tensor)
         if readers:
             self.values.setdefault(tensor, {})[iteration] = _Value(value, batch, readers)
@@ -388,7 +396,8 @@ class _EnsembleRequest:
             limiter = self.ensemble.limiter(index)
             if limiter is not None:
                 await limiter.acquire()
-            self._nursery.start_soon(self._run_step, plan.steps[index], iteration, limiter)
+            turn = self._order.setdefault(index, Sequencer()).next()
+            self._nursery.start_soon(self._run_step, plan.steps[index], iteration, limiter, turn)
 
     async def _respond(self, iteration: int) -> None:
         ensemble = self.ensemble
@@ -406,18 +415,27 @@ class _EnsembleRequest:
                 spec = ensemble.outputs.get(name)
                 tensor = classify(tensor, int(k), spec.labels if spec else None, self.batch != 0)
             outputs.append(tensor)
-        # as Triton: the last response of a decoupled ensemble is final when no step is running
-        final = not ensemble.decoupled or self.running == 0
-        response = InferenceResponse(model_name=ensemble.name, model_version=str(ensemble.version),
-                                     id=self.request.id, outputs=outputs, parameters=self._sequence_parameters(),
-                                     final=final)
-        self.final_sent = self.final_sent or (ensemble.decoupled and final)
         if self.first_response_ns is None:
             self.first_response_ns = time.monotonic_ns()
-        if ensemble.decoupled:
-            await self.send(response)
-        elif self.response is None:
-            self.response = response
+        if not ensemble.decoupled:
+            if self.response is None:
+                self.response = self._response(outputs, True)
+            return
+        # a decoupled ensemble answers in the order of its output iterations, whichever of the
+        # steps that produce them finishes first (several can finish in one scheduling round)
+        self._held[iteration] = outputs
+        while self._next_output in self._held:
+            outputs = self._held.pop(self._next_output)
+            self._next_output += 1
+            # as Triton: the last response of a decoupled ensemble is final when no step is running
+            final = self.running == 0 and not self._held
+            self.final_sent = self.final_sent or final
+            await self.send(self._response(outputs, final))
+
+    def _response(self, outputs: list[Tensor], final: bool) -> InferenceResponse:
+        ensemble = self.ensemble
+        return InferenceResponse(model_name=ensemble.name, model_version=str(ensemble.version), id=self.request.id,
+                                 outputs=outputs, parameters=self._sequence_parameters(), final=final)
 
     async def send(self, response: InferenceResponse) -> None:
         """Hand one response to the caller's ``send``, in order, never two at once."""
@@ -431,11 +449,17 @@ class _EnsembleRequest:
                 "sequence_start": bool(params.get("sequence_start", False)),
                 "sequence_end": bool(params.get("sequence_end", False))}
 
-    async def _run_step(self, step: Step, iteration: int, limiter: trio.Semaphore | None) -> None:
-        """Run one step for one iteration; a failure cancels the request's other steps."""
+    async def _run_step(self, step: Step, iteration: int, limiter: trio.Semaphore | None, turn: Turn) -> None:
+        """Run one step for one iteration; a failure cancels the request's other steps.
+
+        ``turn`` keeps the iterations of a step in order: each calls its model only after the
+        previous one did, so a model's queue sees them in the order their inputs were produced
+        (as Triton enqueues them from the response callback), whatever order trio runs the
+        step tasks in.
+        """
         done = [False]
         try:
-            await self._step(step, iteration, done)
+            await self._step(step, iteration, done, turn)
         except TritonError as e:
             if self.error is None:
                 self.error = TritonError(e.code, f"in ensemble '{self.ensemble.name}', {step.describe()}: "
@@ -443,12 +467,13 @@ class _EnsembleRequest:
                 assert self._nursery is not None
                 self._nursery.cancel_scope.cancel()
         finally:
+            turn.finish()
             if not done[0]:
                 self.running -= 1
             if limiter is not None:
                 limiter.release()
 
-    async def _step(self, step: Step, iteration: int, done: list[bool]) -> None:
+    async def _step(self, step: Step, iteration: int, done: list[bool], turn: Turn) -> None:
         request = self.request
         if request.cancelled:
             raise TritonError(Code.CANCELLED, "the ensemble request was cancelled")
@@ -469,6 +494,7 @@ class _EnsembleRequest:
         sub.trace = self.trace
         sub.response_window = self.plan.max_inflight_requests
         batch = inputs[0].shape[0] if step.batching and inputs and inputs[0].shape else 0
+        decoupled = bool(getattr(model, "decoupled", False))
 
         async def on_response(response: InferenceResponse) -> None:
             if response.error is not None:
@@ -479,7 +505,12 @@ class _EnsembleRequest:
             if response.parameters.get(FLAG_ONLY) and not response.outputs:
                 return
             produced = {t.name: t for t in response.outputs}
-            updated = [self._put(tensor, produced.get(output), batch) for output, tensor in step.outputs.items()]
+            # a regular model answers once per iteration: its outputs keep the iteration of its
+            # inputs, whichever iteration finishes first (so joins pair values of one origin)
+            own = None if decoupled else iteration
+            updated = [self._put(tensor, produced.get(output), batch, own) for output, tensor in step.outputs.items()]
             await self._advance(updated)
 
+        await turn.wait()
+        turn.finish()  # the call below takes its place in the model's queue before it first waits
         await model.infer_stream(sub, on_response)

@@ -305,7 +305,8 @@ class BatchExecutor:
 
         choice = self.choice(instance)
         try:
-            if instance.inline_safe and choice.inline():
+            # decoupled models stay on their thread: their responses are consumed while they run
+            if instance.inline_safe and not model.decoupled and choice.inline():
                 responses = call()  # on the event-loop thread: short, measured calls only
             elif direct:
                 def cancel_all() -> None:

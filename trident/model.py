@@ -295,6 +295,7 @@ class ModelVersion:
                     return
             # an idle instance and nothing queued: run it here and now (not a decoupled model:
             # its responses must be consumed while it executes)
+            await trio.lowlevel.checkpoint_if_cancelled()  # a caller already cancelled runs nothing
             slot = None if self.decoupled else self.scheduler.claim()
             if slot is not None:
                 try:
@@ -309,8 +310,16 @@ class ModelVersion:
                     raise
             first = True
             window = pending.responder.window
-            async with pending.receive:
-                async for response in pending.receive:
+            receive = pending.receive
+            async with receive:
+                while True:
+                    # a response already delivered (a direct or inline call) costs no task switch,
+                    # but a cancelled caller (client gone, deadline) still stops here
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    try:
+                        response = receive.receive_nowait()
+                    except trio.WouldBlock:
+                        response = await receive.receive()
                     if first and pending.turn is not None:
                         await pending.turn.wait()
                     if response.error is not None and response.final and first:
