@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from trident.errors import Code, TritonError, invalid_arg, unsupported
-from trident.protocol import datatypes
+from trident.protocol import datatypes, json_slices
 from trident.protocol.compression import Inflater, choose_encoding, compress, decode_base64, decompress
 from trident.types import InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
 
@@ -82,11 +82,19 @@ _RESERVED_UINT = ("priority", "timeout")
 MAX_DIMS = 64  # numpy's limit on the dimensions of an array
 _MAX_DIM = (1 << 63) - 1  # a dimension is an int64 on the wire (and in numpy)
 _CONVERT_CHUNK = 1 << 16  # JSON data longer than this is converted to numpy in slices of it
+LARGE_JSON = 1 << 20  # JSON documents from this size are parsed in slices (parse_json)
 
 
 def parse_json(body: bytes | bytearray | memoryview) -> Any:
-    """Parse a JSON document; raises INVALID_ARG with Triton's message prefix on bad JSON."""
+    """Parse a JSON document; raises INVALID_ARG with Triton's message prefix on bad JSON.
+
+    A document of ``LARGE_JSON`` bytes or more is parsed with its long ``"data"`` lists in
+    slices (trident.protocol.json_slices), so the thread parsing it lets others run between
+    slices; the result is the same.
+    """
     try:
+        if len(body) >= LARGE_JSON:
+            return json_slices.loads(body, _loads)
         return _loads(body)
     except ValueError as exc:  # orjson.JSONDecodeError / json.JSONDecodeError / UnicodeDecodeError
         raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None

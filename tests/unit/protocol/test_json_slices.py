@@ -1,0 +1,82 @@
+"""json_slices.loads: the same document as one parse, with no long parse call on a flat "data" list."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trident.protocol import json_slices
+
+
+def _loads(data, slice_size=16):
+    calls: list[int] = []
+
+    def parse(text):
+        calls.append(len(text))
+        return orjson.loads(text)
+
+    return json_slices.loads(data, parse, slice_size=slice_size), calls
+
+
+def _doc(data, **extra):
+    return {"id": "r", "inputs": [{"name": "IN", "shape": [len(data)], "datatype": "X", "data": data}], **extra}
+
+
+@pytest.mark.parametrize("data", [
+    list(range(500)),
+    [1.5, -2e-3, 0, 1e300] * 100,
+    ["", "a", 'q"uote', "back\\slash", '","', ",", '\\",', "é", "\\\\", '"'] * 40,
+    [True, False, None] * 100,
+])
+def test_flat_lists_are_parsed_in_slices_to_the_same_document(data):
+    text = orjson.dumps(_doc(data, parameters={"data": [1, 2]}))
+    got, calls = _loads(text)
+    assert got == orjson.loads(text)
+    assert len(calls) > 10  # the list went in many slices...
+    assert max(calls[1:]) < 200  # ...none much longer than the slice size (calls[0]: the rest)
+
+
+def test_whitespace_and_several_tensors():
+    text = b'{"inputs": [ {"name": "A", "data" : [ ' + b" , ".join(b'"x%d"' % i for i in range(300)) + \
+        b' ] }, {"name": "B", "data":[' + b",".join(b"%d" % i for i in range(300)) + b"]}]}"
+    got, calls = _loads(text)
+    assert got == orjson.loads(text) and len(calls) > 20
+
+
+@pytest.mark.parametrize("text", [
+    orjson.dumps(_doc([[1, 2], [3, 4]] * 100)),  # nested: parsed whole
+    orjson.dumps(_doc([{"a": 1}] * 100)),
+    orjson.dumps(_doc(["\x00trident-json-slice:0"] * 100)),  # a client string that looks like a marker
+    orjson.dumps({"inputs": [], "data": "[not a list]"}),
+    orjson.dumps(_doc([1, 2, 3])),  # short: parsed whole
+    orjson.dumps(_doc(["a]", "[b"] * 100)),  # brackets inside strings: parsed whole
+])
+def test_what_it_does_not_slice_is_parsed_whole(text):
+    got, _ = _loads(text)
+    assert got == orjson.loads(text)
+
+
+@pytest.mark.parametrize("text", [
+    b'{"inputs":[{"data":[' + b"1," * 200 + b"]}]}",  # trailing comma
+    b'{"inputs":[{"data":[' + b'"a",' * 200 + b'"unterminated]}]}',
+    b'{"inputs":[{"data":[' + b"1," * 200 + b"1]}",  # unbalanced
+    b'{"inputs":[{"data":[' + b"1," * 200 + b"1]}]} trailing",
+])
+def test_invalid_documents_raise_as_one_parse_does(text):
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(text)
+    with pytest.raises(ValueError):
+        _loads(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.text(alphabet='ab",\\]x[ \n\u00e9', max_size=6),
+                          st.floats(allow_nan=False, allow_infinity=False), st.integers(-10**6, 10**6)),
+                max_size=120),
+       st.integers(4, 64))
+def test_any_flat_list_round_trips(data, slice_size):
+    text = orjson.dumps(_doc(data))
+    got, _ = _loads(text, slice_size)
+    assert got == orjson.loads(text)
