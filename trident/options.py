@@ -44,7 +44,7 @@ class ServerOptions:
     grpc_http2_max_ping_strikes: int = 2
     # trident's own gRPC limits (Triton has no flag for these)
     grpc_max_connections: int = 4096  # open connections; at the limit, accepting pauses
-    grpc_idle_timeout_secs: float = 300.0  # a connection with no call for this long gets GOAWAY
+    grpc_idle_timeout_secs: float = 120.0  # a connection with no call for this long gets GOAWAY
     grpc_handshake_timeout_secs: float = 10.0  # TLS handshake + HTTP/2 preface after accept
     grpc_message_timeout_secs: float = 60.0  # a started request message must complete within this
     grpc_max_buffered_bytes: int = 2 * 1024 * 1024 * 1024  # request bytes buffered, all connections

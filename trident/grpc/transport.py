@@ -137,7 +137,7 @@ class TransportConfig:
     max_connection_buffered: int = 0  # per connection; 0: max(2 x max_message_size, 256 MiB), capped
     message_timeout: float = 60.0  # a started request message must be complete within this
     handshake_timeout: float = 10.0  # TLS handshake + the client's preface and first SETTINGS
-    idle_timeout: float = 300.0  # no call for this long: GOAWAY NO_ERROR and close
+    idle_timeout: float = 120.0  # no call for this long: GOAWAY NO_ERROR and close
     keepalive_time: float = 7200.0  # PING after this long without inbound bytes (calls open)
     keepalive_timeout: float = 20.0  # ... and close when its ACK does not come within this
     keepalive_permit_without_calls: bool = False  # ping (and accept pings) with no call open

@@ -22,8 +22,9 @@ only moves bytes and drives the ASGI calls:
   for a connection's first request): a partial head then gets ``408`` and the connection
   closes, a connection that sent nothing is closed without a response;
 * a pause longer than ``body_timeout`` while the application waits for body bytes fails the
-  request: the application gets ``http.disconnect``, the client ``408`` and the connection
-  closes;
+  request, and so does a body that drips in: the whole body must arrive within
+  ``body_timeout`` plus one second per ``MIN_BODY_RATE`` bytes received; the application gets
+  ``http.disconnect``, the client ``408`` and the connection closes;
 * at ``max_connections`` open connections, accepting pauses until one closes (the kernel's
   backlog holds the clients meanwhile);
 * graceful shutdown: stop accepting, close idle connections, let in-flight requests finish
@@ -69,6 +70,7 @@ KEEP_ALIVE_TIMEOUT = 75.0
 HEADER_TIMEOUT = 30.0  # the defaults of --http-header-timeout-secs, --http-body-timeout-secs and
 BODY_TIMEOUT = 60.0  # --http-max-connections (trident.options)
 MAX_CONNECTIONS = 4096
+MIN_BODY_RATE = 64 * 1024  # bytes/s: a body's deadline grows by 1 s per this many bytes received
 _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
@@ -254,7 +256,7 @@ class _Cycle:
     """One request and its response: the ASGI ``receive`` and ``send`` callables."""
 
     __slots__ = ("conn", "head", "framer", "body_done", "finished", "protocol_error", "sent_continue",
-                 "_watching", "_wait_scope", "_done")
+                 "body_deadline", "_watching", "_wait_scope", "_done")
 
     def __init__(self, conn: _Connection, head: RequestHead) -> None:
         self.conn = conn
@@ -264,6 +266,7 @@ class _Cycle:
         self.finished = False  # response complete, or the connection is unusable
         self.protocol_error: ProtocolError | None = None
         self.sent_continue = False
+        self.body_deadline = _NEVER  # set by the first body read: body_timeout, plus 1 s per MIN_BODY_RATE bytes
         self._watching = False
         self._wait_scope: trio.CancelScope | None = None
         self._done: trio.Event | None = None
@@ -294,14 +297,18 @@ class _Cycle:
                 remaining = parser.body_remaining
                 size = BODY_RECEIVE_SIZE if remaining is None else max(RECEIVE_SIZE, min(remaining, BODY_RECEIVE_SIZE))
                 data = None
-                with trio.move_on_after(conn.state.body_timeout):
+                now = trio.current_time()
+                if self.body_deadline == _NEVER:
+                    self.body_deadline = now + conn.state.body_timeout
+                with trio.move_on_at(min(now + conn.state.body_timeout, self.body_deadline)):
                     data = await conn.stream.receive_some(size)
-                if data is None:  # the client paused too long: 408 and close
+                if data is None:  # a pause too long, or a body dripping slower than MIN_BODY_RATE: 408
                     raise ProtocolError(HTTPStatus.REQUEST_TIMEOUT, "request body timeout")
                 if not data:
                     conn.eof = True
                     self.finish()
                     return {"type": "http.disconnect"}
+                self.body_deadline += len(data) / MIN_BODY_RATE
                 got = parser.body_from(data)
         except ProtocolError as exc:
             self.protocol_error = exc

@@ -17,6 +17,7 @@ import pytest
 import trio
 import tritonclient.http as httpclient
 
+from trident.http import fastserver
 from trident.http.fastserver import serve_asgi, serve_http_fast
 from trident.options import EXAMPLE_REPOSITORY, ServerOptions
 from trident.server import open_server
@@ -517,16 +518,32 @@ async def test_a_stalled_body_gets_408_and_the_app_sees_a_disconnect():
 
 
 async def test_a_slow_but_steady_body_is_not_a_timeout():
-    """The body timeout is the longest pause between body bytes, not a deadline for the body."""
+    """A body longer than the body timeout is fine while it arrives faster than MIN_BODY_RATE."""
+    app = Recorder()
+    chunk = b"s" * fastserver.MIN_BODY_RATE
+    async with serving(app, body_timeout=0.3) as port:
+        client = await Client.connect(port)
+        await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (6 * len(chunk)))
+        for _ in range(6):
+            await trio.sleep(0.1)
+            await client.send(chunk)
+        response, body, _ = await client.response()
+    assert response.status_code == 200 and body == chunk * 6
+
+
+async def test_a_dripping_body_gets_408_though_it_never_pauses_long():
+    """One byte every 0.1 s never pauses for the 0.3 s body timeout, but falls behind MIN_BODY_RATE."""
     app = Recorder()
     async with serving(app, body_timeout=0.3) as port:
         client = await Client.connect(port)
-        await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\n")
-        for byte in b"steady":
-            await trio.sleep(0.1)
-            await client.send(bytes([byte]))
-        response, body, _ = await client.response()
-    assert response.status_code == 200 and body == b"steady"
+        await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        with trio.fail_after(10):
+            for _ in range(8):  # 0.8 s of dripping: past the 0.3 s (+ 8 bytes' worth) deadline
+                await trio.sleep(0.1)
+                await client.send(b"d")
+            data = await client.read_to_eof()
+    assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+    assert app.messages[-1] == {"type": "http.disconnect"}
 
 
 async def test_at_the_connection_limit_accepting_pauses_until_one_closes():
