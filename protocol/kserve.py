@@ -83,6 +83,8 @@ MAX_DIMS = 64  # numpy's limit on the dimensions of an array
 _MAX_DIM = (1 << 63) - 1  # a dimension is an int64 on the wire (and in numpy)
 _CONVERT_CHUNK = 1 << 16  # JSON data longer than this is converted to numpy in slices of it
 LARGE_JSON = 1 << 20  # JSON documents from this size are parsed in slices (parse_json)
+_ENCODE_SLICE = 1 << 16  # elements of an output's JSON data encoded at once
+_LIST_MARKER = "\u0000trident-list:"  # a placeholder no client string can be (outputs come from models)
 
 
 def parse_json(body: bytes | bytearray | memoryview) -> Any:
@@ -580,10 +582,44 @@ def encode_infer_response(
     if response.parameters:
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs_json
+    long_lists: list[np.ndarray] = []
+    if _NUMPY_JSON:
+        for out in outputs_json:
+            data = out.get("data")
+            if isinstance(data, np.ndarray) and data.size > _ENCODE_SLICE:
+                out["data"] = f"{_LIST_MARKER}{len(long_lists)}"
+                long_lists.append(data)
     header = dumps(doc)
+    if long_lists:
+        header = _splice_lists(header, long_lists)
     if not blobs:
         return [header], None
     return [header, *blobs], len(header)
+
+
+def response_is_large(response: InferenceResponse) -> bool:
+    """Whether encoding ``response`` may take long (a caller moves it off its loop)."""
+    return sum(t.data.nbytes for t in response.outputs if isinstance(t.data, np.ndarray)) >= LARGE_JSON
+
+
+def _splice_lists(header: bytes, lists: list[np.ndarray]) -> bytes:
+    """Replace each list marker of ``header`` by its array's JSON, encoded slice by slice (no
+    single encode call holds the GIL long); the text equals encoding the array in one go."""
+    out = bytearray()
+    pos = 0
+    for i, array in enumerate(lists):
+        marker = b'"\\u0000trident-list:%d"' % i  # how dumps writes _LIST_MARKER
+        at = header.index(marker, pos)
+        out += header[pos:at]
+        out += b"["
+        for start in range(0, array.size, _ENCODE_SLICE):
+            if start:
+                out += b","
+            out += dumps(array[start:start + _ENCODE_SLICE])[1:-1]
+        out += b"]"
+        pos = at + len(marker)
+    out += header[pos:]
+    return bytes(out)
 
 
 def _encode_output(tensor: Tensor, binary: bool, blobs: list[bytes | memoryview]) -> dict[str, Any]:

@@ -348,6 +348,7 @@ class ModelVersion:
                 pending.turn.finish()
             if pending.responder.window is not None:
                 pending.responder.window.close()
+            request.responder = None  # no request <-> responder cycle: the request is freed when dropped
             self.inflight -= 1
             if self.inflight == 0:
                 self._idle.set()

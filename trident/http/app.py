@@ -229,6 +229,7 @@ def make_app(server: Server) -> ASGIApp:
         body: bytes | bytearray | memoryview = await _read_body(scope, receive, limit)
         if content_encoding is not None:
             body = await offload.decompress(body, content_encoding, limit)
+        heavy = False
         if header_length == 0:
             request = _decode_raw(server, body, name, version)
             binary_default = True
@@ -237,12 +238,18 @@ def make_app(server: Server) -> ASGIApp:
                     body, header_length, offload.OFFLOAD_THRESHOLD):
                 request = kserve.decode_infer_request(body, header_length, name, version)
             else:  # a large JSON (or BYTES) decode: in a worker thread, not on the loop
+                heavy = True
                 request = await offload.run_sync(kserve.decode_infer_request, body, header_length, name, version)
             params = request.parameters
             binary_default = bool(params.pop("binary_data_output", False)) if params else False
+        requested = request.outputs
 
         async def respond(response: InferenceResponse) -> None:
-            parts, json_length = kserve.encode_infer_response(response, request.outputs, binary_default)
+            if kserve.response_is_large(response):  # a large encode: in a worker thread, not on the loop
+                parts, json_length = await offload.run_sync(
+                    kserve.encode_infer_response, response, requested, binary_default)
+            else:
+                parts, json_length = kserve.encode_infer_response(response, requested, binary_default)
             if json_length is None:
                 headers = [_JSON]
             else:
@@ -262,7 +269,21 @@ def make_app(server: Server) -> ASGIApp:
             for i, part in enumerate(parts):
                 await send({"type": "http.response.body", "body": part, "more_body": i < last})
 
-        await _infer_and_respond(server, request, receive, respond)
+        if not heavy:
+            await _infer_and_respond(server, request, receive, respond)
+            return
+        # a request decoded off the loop holds millions of objects (JSON lists): they are freed
+        # off the loop too, once nothing else (a traceback's frames) refers to them
+        error: Exception | None = None
+        try:
+            await _infer_and_respond(server, request, receive, respond)
+        except Exception as exc:
+            error = exc.with_traceback(None)
+        holder = [request]
+        del request
+        await offload.run_sync(holder.clear)
+        if error is not None:
+            raise error
 
     async def model_route(
         scope: Scope, receive: Receive, send: Send, method: str, name: str, version: str, kind: str

@@ -777,3 +777,22 @@ def test_inflater_works_in_bounded_steps() -> None:
     with pytest.raises(TritonError) as info:
         truncated.run()
     assert "failed to decompress the gzip request body" in info.value.message
+
+
+def test_long_json_output_data_is_encoded_in_slices_to_the_same_text():
+    """Outputs longer than one encode slice are spliced in slice by slice; the body is unchanged."""
+    import orjson
+
+    n = 3 * kserve._ENCODE_SLICE + 7
+    a = (np.arange(n, dtype=np.float32) / 3).astype(np.float32)
+    b = np.arange(n, dtype=np.int64) - n // 2
+    response = InferenceResponse(model_name="m", model_version="1", id="r",
+                                 outputs=[Tensor.from_numpy("A", a), Tensor.from_numpy("SMALL", a[:4]),
+                                          Tensor.from_numpy("B", b)])
+    parts, header_length = kserve.encode_infer_response(response, [], False)
+    expected = orjson.dumps({"id": "r", "model_name": "m", "model_version": "1", "outputs": [
+        {"name": "A", "datatype": "FP32", "shape": [n], "data": a},
+        {"name": "SMALL", "datatype": "FP32", "shape": [4], "data": a[:4]},
+        {"name": "B", "datatype": "INT64", "shape": [n], "data": b}]}, option=orjson.OPT_SERIALIZE_NUMPY)
+    assert header_length is None and parts == [expected]
+    assert kserve.response_is_large(response) == (a.nbytes + b.nbytes + 16 >= kserve.LARGE_JSON)
