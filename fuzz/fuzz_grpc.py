@@ -148,13 +148,7 @@ NESTED = {"request": {4: "param_entry", 5: "input", 6: "output"},
 VALUES = (0, 1, 0x7F, 0x80, 300, (1 << 31) - 1, 1 << 32, (1 << 63) - 1, 1 << 63, (1 << 64) - 1, 2**62)
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+_uvarint = grpc_codec.encode_varint
 
 
 def _overlong(n: int, size: int) -> bytes:

@@ -609,6 +609,11 @@ def _uvarint(n: int) -> bytes:
     return bytes(out)
 
 
+def encode_varint(n: int) -> bytes:
+    """``n`` (0 <= n < 2**64) as a protobuf base-128 varint."""
+    return _uvarint(n)
+
+
 def _ivarint(n: int) -> bytes:
     return _uvarint(n & _U64) if n < 0 else _uvarint(n)
 
