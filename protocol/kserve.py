@@ -605,21 +605,20 @@ def response_is_large(response: InferenceResponse) -> bool:
 def _splice_lists(header: bytes, lists: list[np.ndarray]) -> bytes:
     """Replace each list marker of ``header`` by its array's JSON, encoded slice by slice (no
     single encode call holds the GIL long); the text equals encoding the array in one go."""
-    out = bytearray()
+    pieces: list[bytes] = []
     pos = 0
     for i, array in enumerate(lists):
         marker = b'"\\u0000trident-list:%d"' % i  # how dumps writes _LIST_MARKER
         at = header.index(marker, pos)
-        out += header[pos:at]
-        out += b"["
+        pieces.append(header[pos:at])
         for start in range(0, array.size, _ENCODE_SLICE):
-            if start:
-                out += b","
-            out += dumps(array[start:start + _ENCODE_SLICE])[1:-1]
-        out += b"]"
+            piece = dumps(array[start:start + _ENCODE_SLICE])
+            pieces.append(b"[" if start == 0 else b",")
+            pieces.append(piece[1:-1])
+        pieces.append(b"]")
         pos = at + len(marker)
-    out += header[pos:]
-    return bytes(out)
+    pieces.append(header[pos:])
+    return b"".join(pieces)  # one allocation and copy for the whole body
 
 
 def _encode_output(tensor: Tensor, binary: bool, blobs: list[bytes | memoryview]) -> dict[str, Any]:

@@ -52,6 +52,7 @@ _JSON = (b"content-type", b"application/json")
 _OCTET = (b"content-type", b"application/octet-stream")
 _EMPTY_OK_HEADERS = [(b"content-length", b"0")]
 _JOIN_LIMIT = 1 << 16  # responses smaller than this go out as one body message
+_PREALLOCATE_BODY = 1 << 20  # request bodies from this Content-Length fill a buffer of that size
 
 
 class _Disconnected(Exception):
@@ -95,7 +96,12 @@ async def _send_empty(send: Send, status: int) -> None:
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytearray:
-    """The whole request body; INVALID_ARG as soon as it would exceed ``limit`` bytes."""
+    """The whole request body; INVALID_ARG as soon as it would exceed ``limit`` bytes.
+
+    A large body with a Content-Length fills a buffer of that size (a growing buffer would be
+    copied, and its pages faulted in, again at each growth, on the event loop).
+    """
+    length = -1
     for key, value in scope["headers"]:
         if key == b"content-length":
             try:
@@ -105,17 +111,25 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytearray:
             if length > limit:
                 raise _too_large(length, limit)
             break
-    body = bytearray()
+    body = bytearray(length) if length >= _PREALLOCATE_BODY else bytearray()
+    filled = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise _Disconnected
         chunk = message.get("body", b"")
         if chunk:
-            if len(body) + len(chunk) > limit:
-                raise _too_large(len(body) + len(chunk), limit)
-            body += chunk
+            end = filled + len(chunk)
+            if end > limit:
+                raise _too_large(end, limit)
+            if end <= len(body):
+                body[filled:end] = chunk
+            else:
+                body[filled:] = chunk
+            filled = end
         if not message.get("more_body", False):
+            if filled < len(body):
+                del body[filled:]
             return body
 
 
