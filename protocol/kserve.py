@@ -483,13 +483,18 @@ def _asarray(data: list[Any]) -> np.ndarray:
     n = len(data)
     if n <= _CONVERT_CHUNK:
         return np.asarray(data)
-    parts = []
+    out: np.ndarray | None = None
     for i in range(0, n, _CONVERT_CHUNK):
         part = np.asarray(data[i : i + _CONVERT_CHUNK])
         if part.ndim != 1 or part.dtype.kind == "O":  # nested or mixed: convert it whole
             return np.asarray(data)
-        parts.append(part)
-    return np.concatenate(parts)
+        if out is None:
+            out = np.empty(n, dtype=part.dtype)  # filled slice by slice: no whole-list copy at the end
+        elif part.dtype != out.dtype:  # the slices disagree (ints, then floats): what numpy makes of all
+            return np.asarray(data)
+        out[i : i + part.size] = part
+    assert out is not None
+    return out
 
 
 def _exact_ints(name: str, datatype: str, data: list[Any], info: Any, np_dtype: np.dtype) -> np.ndarray:
