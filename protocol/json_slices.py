@@ -34,7 +34,7 @@ class _Fallback(Exception):
 def loads(data: bytes | bytearray | memoryview, parse: Loads, slice_size: int = SLICE_SIZE) -> Any:
     """``parse(data)``, computed with no single ``parse`` call on more than about ``slice_size``
     bytes of a long flat ``"data"`` list. Raises what ``parse`` raises for invalid JSON."""
-    buf = bytes(data) if isinstance(data, memoryview) else data
+    buf = _searchable(data)
     spans: list[tuple[int, int, bool]] = []  # (the '[' index, the ']' index, holds strings)
     key = buf.find(_KEY)
     while key >= 0:  # bytes.find, not a regex scan: the lists themselves are skipped, never searched
@@ -70,6 +70,17 @@ def loads(data: bytes | bytearray | memoryview, parse: Loads, slice_size: int = 
     if found != len(lists):
         return parse(data)
     return doc
+
+
+def _searchable(data: bytes | bytearray | memoryview) -> bytes | bytearray:
+    """``data`` as something with ``find``: the object under a memoryview of a whole bytes or
+    bytearray (no copy of a large body), else a copy."""
+    if not isinstance(data, memoryview):
+        return data
+    base = data.obj
+    if isinstance(base, (bytes, bytearray)) and data.contiguous and data.nbytes == len(base):
+        return base
+    return bytes(data)
 
 
 def _parse_list(buf: bytes | bytearray, start: int, end: int, strings: bool, parse: Loads,
