@@ -52,7 +52,6 @@ _JSON = (b"content-type", b"application/json")
 _OCTET = (b"content-type", b"application/octet-stream")
 _EMPTY_OK_HEADERS = [(b"content-length", b"0")]
 _JOIN_LIMIT = 1 << 16  # responses smaller than this go out as one body message
-_PREALLOCATE_BODY = 1 << 20  # request bodies from this Content-Length fill a buffer of that size
 
 
 class _Disconnected(Exception):
@@ -98,8 +97,8 @@ async def _send_empty(send: Send, status: int) -> None:
 async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytearray:
     """The whole request body; INVALID_ARG as soon as it would exceed ``limit`` bytes.
 
-    A large body with a Content-Length fills a buffer of that size (a growing buffer would be
-    copied, and its pages faulted in, again at each growth, on the event loop).
+    The buffer grows as chunks arrive (a large one is resized in place by the allocator; a
+    buffer of the declared length would be zero-filled on the event loop at once).
     """
     length = -1
     for key, value in scope["headers"]:
@@ -111,7 +110,7 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytearray:
             if length > limit:
                 raise _too_large(length, limit)
             break
-    body = bytearray(length) if length >= _PREALLOCATE_BODY else bytearray()
+    body = bytearray()
     filled = 0
     while True:
         message = await receive()
@@ -259,20 +258,17 @@ def make_app(server: Server) -> ASGIApp:
         requested = request.outputs
 
         async def respond(response: InferenceResponse) -> None:
-            if kserve.response_is_large(response):  # a large encode: in a worker thread, not on the loop
-                parts, json_length = await offload.run_sync(
-                    kserve.encode_infer_response, response, requested, binary_default)
+            if kserve.response_is_large(response):  # a large encode (and compression): in a worker thread
+                parts, json_length, encoding = await offload.run_sync(
+                    _encode_response, response, requested, binary_default, accept_encoding)
             else:
-                parts, json_length = kserve.encode_infer_response(response, requested, binary_default)
+                parts, json_length, encoding = _encode_response(response, requested, binary_default, accept_encoding)
             if json_length is None:
                 headers = [_JSON]
             else:
                 headers = [_OCTET, (b"inference-header-content-length", b"%d" % json_length)]
-            if accept_encoding is not None:
-                data, encoding = kserve.compress(b"".join(parts), accept_encoding)
-                if encoding is not None:
-                    headers.append((b"content-encoding", encoding.encode()))
-                parts = [data]
+            if encoding is not None:
+                headers.append((b"content-encoding", encoding.encode()))
             total = sum(len(p) for p in parts)
             if len(parts) == 1 or total < _JOIN_LIMIT:
                 await _send_bytes(send, 200, headers, parts[0] if len(parts) == 1 else b"".join(parts))
@@ -492,6 +488,16 @@ async def _reply_error(send: Send, status: int, message: str) -> None:
         await _send_error(send, status, message)
     except Exception:  # the response may have started, or the connection is gone
         log.debug("could not send the error response (%d %s)", status, message, exc_info=True)
+
+
+def _encode_response(response: InferenceResponse, requested: list[Any], binary_default: bool,
+                     accept_encoding: str | None) -> tuple[list[Any], int | None, str | None]:
+    """The response body parts, its JSON header length and its Content-Encoding (None: identity)."""
+    parts, json_length = kserve.encode_infer_response(response, requested, binary_default)
+    if accept_encoding is None:
+        return parts, json_length, None
+    data, encoding = kserve.compress(b"".join(parts), accept_encoding)
+    return ([data], json_length, encoding) if encoding is not None else (parts, json_length, None)
 
 
 def _decode_raw(
