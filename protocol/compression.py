@@ -16,7 +16,7 @@ import zlib
 
 from trident.errors import invalid_arg, unsupported
 
-__all__ = ["Inflater", "choose_encoding", "compress", "decode_base64", "decompress"]
+__all__ = ["BoundedInflater", "Inflater", "OutputTooLarge", "choose_encoding", "compress", "decode_base64", "decompress"]
 
 
 def decompress(
@@ -30,6 +30,50 @@ def decompress(
     inflater = Inflater(body, content_encoding, max_size)
     inflater.run()
     return inflater.result
+
+
+class OutputTooLarge(Exception):
+    """The inflated output would pass its limit."""
+
+
+class BoundedInflater:
+    """One zlib stream inflated in steps of bounded output, never past ``max_size`` bytes.
+
+    ``wbits`` as :func:`zlib.decompressobj` takes it (gzip, zlib or raw deflate); ``max_size``
+    None is unbounded. :meth:`step` inflates up to ``max_output`` more bytes into ``output`` and
+    says whether the stream is whole. Knows no protocol: raises OutputTooLarge, or zlib.error for
+    corrupt or truncated data (and, with ``strict``, data after the end of the stream). Both the
+    HTTP body (:class:`Inflater`) and the gRPC message (grpc_framing.GzipInflater) use it.
+    """
+
+    __slots__ = ("output", "_max_size", "_d", "_tail", "_strict")
+
+    def __init__(self, data: bytes | bytearray | memoryview, wbits: int, max_size: int | None, *,
+                 strict: bool = False) -> None:
+        self.output = bytearray()  # writable, so decoded tensors are too
+        self._max_size = max_size
+        self._d = zlib.decompressobj(wbits)
+        self._tail: bytes | bytearray | memoryview = data
+        self._strict = strict
+
+    def step(self, max_output: int) -> bool:
+        """Inflate up to ``max_output`` (> 0) more bytes; True once the stream is whole."""
+        d = self._d
+        out = self.output
+        if self._max_size is not None:
+            max_output = min(max_output, self._max_size + 1 - len(out))
+        chunk = d.decompress(self._tail, max_output)
+        self._tail = d.unconsumed_tail
+        if not chunk and not self._tail and not d.eof:
+            chunk = d.flush()
+            if not d.eof:
+                raise zlib.error("incomplete or truncated stream")
+        out += chunk
+        if self._max_size is not None and len(out) > self._max_size:
+            raise OutputTooLarge()
+        if d.eof and self._strict and d.unused_data:
+            raise zlib.error("trailing data after the end of the stream")
+        return d.eof
 
 
 class Inflater:
@@ -66,48 +110,30 @@ class Inflater:
 
     def _start(self, wbits: int) -> None:
         self._wbits = wbits
-        self._d = zlib.decompressobj(wbits)
-        self._tail: bytes | bytearray | memoryview = self._body
-        self._out = bytearray()  # writable, so decoded tensors are too
-        self.result = self._out
+        self._inflater = BoundedInflater(self._body, wbits, self._max_size)
+        self.result = self._inflater.output
         self.done = False
 
     def run(self, budget: int | None = None) -> bool:
         """Inflate up to ``budget`` more output bytes (all when None); True once the body is done."""
-        produced = 0
+        start = len(self._inflater.output) if not self.done else 0
         while not self.done:
-            if budget is not None and produced >= budget:
+            if budget is not None and len(self._inflater.output) - start >= budget:
                 return False
             try:
-                produced += self._step()
+                self.done = self._inflater.step(self.STEP)
+            except OutputTooLarge:
+                raise invalid_arg(
+                    f"the decompressed request body exceeds the maximum input size of {self._max_size} bytes"
+                ) from None
             except zlib.error as exc:
                 if self._encoding == "deflate" and self._wbits > 0:
                     # some clients send raw deflate without the zlib wrapper
                     self._start(-zlib.MAX_WBITS)
+                    start = 0
                     continue
                 raise invalid_arg(f"failed to decompress the {self._encoding} request body: {exc}") from None
         return True
-
-    def _step(self) -> int:
-        d = self._d
-        out = self._out
-        want = self.STEP
-        if self._max_size is not None:
-            want = min(want, self._max_size + 1 - len(out))
-        chunk = d.decompress(self._tail, want)
-        self._tail = d.unconsumed_tail
-        if not chunk and not self._tail and not d.eof:
-            chunk = d.flush()
-            if not d.eof:
-                raise zlib.error("incomplete or truncated stream")
-        out += chunk
-        if self._max_size is not None and len(out) > self._max_size:
-            raise invalid_arg(
-                f"the decompressed request body exceeds the maximum input size of {self._max_size} bytes"
-            )
-        if d.eof:
-            self.done = True
-        return len(chunk)
 
 
 def choose_encoding(accept_encoding: str | None) -> str | None:

@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 
 from trident.errors import GRPC_INTERNAL, GRPC_RESOURCE_EXHAUSTED, GRPC_UNIMPLEMENTED
+from trident.protocol.compression import BoundedInflater, OutputTooLarge
 
 Buffer = bytes | bytearray | memoryview
 
@@ -274,32 +275,25 @@ class GzipInflater:
     ``max_size``, INTERNAL when the data is not valid gzip.
     """
 
-    __slots__ = ("max_size", "output", "_inflater", "_input")
+    __slots__ = ("max_size", "_inflater")
 
     def __init__(self, data: Buffer, max_size: int) -> None:
         self.max_size = max_size
-        self.output = bytearray()
-        self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        self._input: Buffer = data
+        self._inflater = BoundedInflater(data, 16 + zlib.MAX_WBITS, max_size, strict=True)
+
+    @property
+    def output(self) -> bytearray:
+        return self._inflater.output
 
     def step(self, max_output: int) -> bool:
         """Inflate up to ``max_output`` (> 0) more bytes; True once the message is whole."""
-        budget = min(max_output, self.max_size + 1 - len(self.output))
-        inflater = self._inflater
         try:
-            chunk = inflater.decompress(self._input, budget)
+            return self._inflater.step(max_output)
+        except OutputTooLarge:
+            check_size(self.max_size + 1, self.max_size, "decompressed")
+            raise
         except zlib.error as e:
             raise FramingError(GRPC_INTERNAL, f"could not decompress gzip message: {e}") from None
-        self._input = inflater.unconsumed_tail
-        self.output += chunk
-        check_size(len(self.output), self.max_size, "decompressed")
-        if inflater.eof:
-            if inflater.unused_data:
-                raise FramingError(GRPC_INTERNAL, "could not decompress gzip message: trailing data")
-            return True
-        if not self._input and len(chunk) < budget:
-            raise FramingError(GRPC_INTERNAL, "could not decompress gzip message: truncated data")
-        return False
 
 
 def gzip_decompress(data: Buffer, max_size: int) -> bytes:
