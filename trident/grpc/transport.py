@@ -57,6 +57,7 @@ import h2.settings
 import trio
 from hyperframe.frame import DataFrame, GoAwayFrame
 
+from trident import worker_threads
 from trident.errors import (
     GRPC_DEADLINE_EXCEEDED,
     GRPC_INTERNAL,
@@ -326,7 +327,7 @@ class Call:
 
         The call's task owns the thread: cancellation is noticed before the thread starts and
         after it returns, never by abandoning it. Raises what ``fn`` raises."""
-        return await trio.to_thread.run_sync(fn, *args, limiter=self.conn.budget.limiter)
+        return await worker_threads.run_sync(fn, *args, limiter=self.conn.budget.limiter)
 
     async def recv_unary(self) -> bytearray:
         """The single request message of a unary call. Raises FramingError / GrpcError(INTERNAL)."""

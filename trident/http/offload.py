@@ -10,23 +10,19 @@ cancelled request still waits for it to return (nothing is abandoned), and ``DEC
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import TypeVar
 
 import trio
 from trio.lowlevel import RunVar
 
+from trident import worker_threads
 from trident.protocol import kserve
 
 T = TypeVar("T")
 
 OFFLOAD_THRESHOLD = 1 << 20  # body bytes (decompressed) from which decoding leaves the loop
 DECODE_THREADS = 2
-SWITCH_INTERVAL = 0.0005  # seconds: the GIL switch interval while a decode thread runs
-
-_running = 0  # decode jobs running (all on the event loop's thread, so no lock)
-_saved_interval = 0.005
 
 _LIMITER: RunVar[trio.CapacityLimiter] = RunVar("trident.http.decode_limiter")
 
@@ -42,25 +38,11 @@ def limiter() -> trio.CapacityLimiter:
 
 
 async def run_sync(fn: Callable[..., T], *args: object) -> T:
-    """``fn(*args)`` in a decode thread; returns or raises what it does.
-
-    While any such job runs, the interpreter's GIL switch interval is ``SWITCH_INTERVAL``
-    instead of the default 5 ms: a decode thread running Python code then gives the GIL back
-    to the event loop within that, so other clients wait for it about as long, not 5 ms at
-    every turn. Waiting for a free thread can be cancelled; once the thread runs, cancellation
-    takes effect when it returns (the thread is never abandoned).
+    """``fn(*args)`` in a decode thread (trident.worker_threads.run_sync); returns or raises
+    what it does. Waiting for a free thread can be cancelled; once the thread runs,
+    cancellation takes effect when it returns (the thread is never abandoned).
     """
-    global _running, _saved_interval
-    if _running == 0:
-        _saved_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(_saved_interval, SWITCH_INTERVAL))
-    _running += 1
-    try:
-        return await trio.to_thread.run_sync(fn, *args, limiter=limiter())
-    finally:
-        _running -= 1
-        if _running == 0:
-            sys.setswitchinterval(_saved_interval)
+    return await worker_threads.run_sync(fn, *args, limiter=limiter())
 
 
 async def decompress(
