@@ -479,7 +479,9 @@ def confine_model_files(config: ModelConfig, model_dir: Path) -> None:
     filename = config.default_model_filename
     if filename:
         _check_file_name(filename, "default_model_filename", name)
-        versions = [root / entry for entry in _version_names(root)] or [root / "1"]
+        from trident.config import list_version_dirs  # trident.config imports this module
+
+        versions = [root / str(v) for v in list_version_dirs(root)] or [root / "1"]
         for version_dir in versions:
             if not _inside(version_dir.resolve(), (version_dir / filename).resolve()):
                 raise invalid_arg(
@@ -505,13 +507,6 @@ def _validate_inline_parameter(config: ModelConfig) -> None:
     if param is not None and param.string_value.strip().lower() not in INLINE_MODES:
         raise invalid_arg(f"parameter {INLINE_PARAMETER} of model '{config.name}' must be one of "
                           f"{', '.join(INLINE_MODES)}, got '{param.string_value}'")
-
-
-def _version_names(root: Path) -> list[str]:
-    try:
-        return [e.name for e in root.iterdir() if e.name.isascii() and e.name.isdigit() and e.is_dir()]
-    except OSError:
-        return []
 
 
 def _validate_label_files(config: ModelConfig, model_dir: Path) -> None:
