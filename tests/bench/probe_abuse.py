@@ -640,23 +640,29 @@ async def case_grpc_rapid_reset(args, nursery) -> str:
     return f"sent {sent}/{total}: " + conn.seen.summary()
 
 
-async def _flood(args, nursery, make_frame, total: int, open_stream: bool = False) -> str:
-    conn = await RawH2.connect(nursery, args.grpc_addr)
-    sid = 0
-    if open_stream:
-        sid = conn.new_stream()
-        await conn.send(conn.headers_frame(sid))
+async def _send_repeated(args, conn, frame: bytes, total: int, batch: int) -> int:
+    """Send ``frame`` ``total`` times in writes of ``batch`` frames until the server closes (or
+    the case's time is up); then give it 2 s to close. Returns how many went out."""
     sent = 0
-    frame = make_frame(sid)
     with trio.move_on_after(args.case_wait):
         while sent < total and not conn.closed.is_set():
-            n = min(1000, total - sent)
+            n = min(batch, total - sent)
             if not await conn.send(frame * n):
                 break
             sent += n
         with trio.move_on_after(2):
             await conn.closed.wait()
     await conn.aclose()
+    return sent
+
+
+async def _flood(args, nursery, make_frame, total: int, open_stream: bool = False) -> str:
+    conn = await RawH2.connect(nursery, args.grpc_addr)
+    sid = 0
+    if open_stream:
+        sid = conn.new_stream()
+        await conn.send(conn.headers_frame(sid))
+    sent = await _send_repeated(args, conn, make_frame(sid), total, 1000)
     return (f"sent {sent}/{total}, acks: settings {conn.seen.settings_acks} ping {conn.seen.ping_acks}; "
             + conn.seen.summary())
 
@@ -685,17 +691,7 @@ async def case_continuation_flood(args, nursery) -> str:
     field_ = b"\x00\x05x-pad" + bytes([100]) + b"a" * 100
     payload = (field_ * (16384 // len(field_) + 1))[:16384]
     total = max(1, int(4096 * args.scale))
-    frame = hf.ContinuationFrame(sid, data=payload).serialize()
-    sent = 0
-    with trio.move_on_after(args.case_wait):
-        while sent < total and not conn.closed.is_set():
-            n = min(64, total - sent)
-            if not await conn.send(frame * n):
-                break
-            sent += n
-        with trio.move_on_after(2):
-            await conn.closed.wait()
-    await conn.aclose()
+    sent = await _send_repeated(args, conn, hf.ContinuationFrame(sid, data=payload).serialize(), total, 64)
     return f"sent {sent}/{total} CONTINUATION ({sent * 16384 >> 20} MiB): " + conn.seen.summary()
 
 
