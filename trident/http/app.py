@@ -9,7 +9,9 @@ Triton's HTTP API (reference §1) over the :class:`~trident.server.Server` facad
   :func:`trident.errors.http_status`; an unexpected exception is a 500, never a crash.
 * ``--http-max-input-size`` is enforced from ``Content-Length`` before any body byte is read,
   and while a chunked body streams in.
-* A client that disconnects during ``/infer`` cancels its request: the inference runs in a
+* ``/infer`` is :class:`trident.http.infer.InferEndpoint` (shared with the ASGI-free fast path
+  of trident's own HTTP/1.1 server, :mod:`trident.http.fastserver`, so both answer alike). A
+  client that disconnects during ``/infer`` cancels its request: here the inference runs in a
   nursery next to a task that waits for ``http.disconnect``.
 * generate / generate_stream are served by :mod:`trident.http.generate` (server-sent events).
 * Shared memory answers 501 until it is implemented.
@@ -25,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from trident.config import config_to_json
-from trident.errors import Code, TritonError, http_status, invalid_arg, unsupported
-from trident.http import generate, offload
+from trident.errors import invalid_arg, unsupported
+from trident.http import generate
+from trident.http.infer import JSON, Disconnected, HTTPError, InferEndpoint, error_reply, too_large
 from trident.protocol import kserve
-from trident.restricted import HTTP_MESSAGE, http_restrictions
 from trident.types import InferenceRequest, InferenceResponse
 
 if TYPE_CHECKING:
@@ -48,23 +50,13 @@ _MODEL_RE = re.compile(
 _REPOSITORY_RE = re.compile(r"/v2/repository(?:/([^/]+))?/(?:index|models/([^/]+)/(load|unload))")
 _SHM_RE = re.compile(r"/v2/(?:system|cuda)sharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
 
-_JSON = (b"content-type", b"application/json")
-_OCTET = (b"content-type", b"application/octet-stream")
+_JSON = JSON
 _EMPTY_OK_HEADERS = [(b"content-length", b"0")]
 _JOIN_LIMIT = 1 << 16  # responses smaller than this go out as one body message
 
 
-class _Disconnected(Exception):
-    """The client went away before the request was answered."""
-
-
-class _HTTPError(Exception):
-    """A protocol-level error with its own status (404, 405)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+_Disconnected = Disconnected
+_HTTPError = HTTPError
 
 
 _NOT_FOUND = _HTTPError(404, "Not Found")
@@ -132,11 +124,7 @@ async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytearray:
             return body
 
 
-def _too_large(size: int, limit: int) -> TritonError:
-    return invalid_arg(
-        f"request body of {size} bytes exceeds the maximum HTTP input size of {limit} bytes "
-        "(--http-max-input-size)"
-    )
+_too_large = too_large
 
 
 async def _read_json_object(scope: Scope, receive: Receive, limit: int, *, required: bool) -> dict[str, Any]:
@@ -169,131 +157,71 @@ async def _watch_disconnect(receive: Receive, infer_scope: trio.CancelScope) -> 
             return
 
 
-async def _infer_and_respond(
-    server: Server,
-    request: InferenceRequest,
-    receive: Receive,
-    respond: Callable[[InferenceResponse], Awaitable[None]],
-) -> None:
-    """Run ``server.infer`` and ``await respond(response)``, cancelling the request on disconnect.
+async def _infer_watching(server: Server, request: InferenceRequest, receive: Receive) -> InferenceResponse | None:
+    """``await server.infer(request)``; None when ``http.disconnect`` arrived first (the request
+    is cancelled then).
 
-    A watcher task waits for ``http.disconnect`` next to the inference. After the response is
-    sent, ASGI servers deliver ``http.disconnect`` to a pending ``receive()`` (hypercorn does so
-    while the last body message is being sent), which ends the watcher without a cancellation;
-    cancelling the nursery afterwards is only a fallback. Raises what ``server.infer`` or
-    ``respond`` raise, and _Disconnected when the client went away first.
+    A watcher task waits for ``http.disconnect`` next to the inference and is cancelled once it
+    is over (trident's own HTTP/1.1 server answers /infer without ASGI and without a task per
+    request; this path serves hypercorn and direct ASGI callers). Raises what ``server.infer``
+    raises.
     """
     infer_scope = trio.CancelScope()
     error: Exception | None = None
+    response = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_disconnect, receive, infer_scope, name="trident.http.watch_disconnect")
         try:
-            response = None
             with infer_scope:
                 response = await server.infer(request)
-            if response is None:
-                error = _Disconnected()
-            else:
-                await respond(response)
         except Exception as exc:  # re-raised below, outside the nursery (no ExceptionGroup)
             error = exc
         nursery.cancel_scope.cancel()
     if error is not None:
         raise error
+    return response
+
+
+async def _send_parts(send: Send, status: int, headers: list[tuple[bytes, bytes]], parts: list[Any]) -> None:
+    """Send a response made of ``parts`` (one body message unless it is large)."""
+    total = sum(len(p) for p in parts)
+    if len(parts) == 1 or total < _JOIN_LIMIT:
+        await _send_bytes(send, status, headers, parts[0] if len(parts) == 1 else b"".join(parts))
+        return
+    headers.append((b"content-length", b"%d" % total))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    last = len(parts) - 1
+    for i, part in enumerate(parts):
+        await send({"type": "http.response.body", "body": part, "more_body": i < last})
 
 
 # ---- the application ---------------------------------------------------------------------------
 
 
-def make_app(server: Server) -> ASGIApp:
+def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
     """The ASGI application for ``server`` (HTTP scopes and lifespan).
 
+    ``endpoint`` shares the infer endpoint with another path (trident's HTTP/1.1 fast path).
     Raises ValueError for a malformed ``--http-restricted-api``.
     """
-    limit = int(server.options.http_max_input_size)
-    restrictions = http_restrictions(server.options)
+    if endpoint is None:
+        endpoint = InferEndpoint(server)
+    limit = endpoint.limit
+    restrictions = endpoint.restrictions
 
     def check_restricted(scope: Scope, category: str) -> None:
-        """Raises _HTTPError(403) when ``category`` needs a header the request lacks."""
-        restriction = restrictions.get(category)
-        if restriction is None:
-            return
-        wanted = restriction.header.encode("latin-1")
-        for key, value in scope["headers"]:
-            if key.lower() == wanted and restriction.allows(value):
-                return
-        raise _HTTPError(403, HTTP_MESSAGE.format(restriction.header))
+        """Raises HTTPError(403) when ``category`` needs a header the request lacks."""
+        endpoint.check_restricted(scope["headers"], category)
 
     async def infer(scope: Scope, receive: Receive, send: Send, name: str, version: str) -> None:
-        header_length: int | None = None
-        content_encoding = accept_encoding = None
-        for key, value in scope["headers"]:
-            if key == b"inference-header-content-length":
-                try:
-                    header_length = int(value)
-                except ValueError:
-                    raise invalid_arg(
-                        f"Unable to parse Inference-Header-Content-Length, got: {value.decode('latin-1')}"
-                    ) from None
-            elif key == b"content-encoding":
-                content_encoding = value.decode("latin-1")
-            elif key == b"accept-encoding":
-                accept_encoding = value.decode("latin-1")
-        body: bytes | bytearray | memoryview = await _read_body(scope, receive, limit)
-        if content_encoding is not None:
-            body = await offload.decompress(body, content_encoding, limit)
-        heavy = False
-        if header_length == 0:
-            request = _decode_raw(server, body, name, version)
-            binary_default = True
-        else:
-            if len(body) < offload.OFFLOAD_THRESHOLD or not kserve.is_heavy(
-                    body, header_length, offload.OFFLOAD_THRESHOLD):
-                request = kserve.decode_infer_request(body, header_length, name, version)
-            else:  # a large JSON (or BYTES) decode: in a worker thread, not on the loop
-                heavy = True
-                request = await offload.run_sync(kserve.decode_infer_request, body, header_length, name, version)
-            params = request.parameters
-            binary_default = bool(params.pop("binary_data_output", False)) if params else False
-        requested = request.outputs
+        async def read_body() -> bytearray:
+            return await _read_body(scope, receive, limit)
 
-        async def respond(response: InferenceResponse) -> None:
-            if kserve.response_is_large(response):  # a large encode (and compression): in a worker thread
-                parts, json_length, encoding = await offload.run_sync(
-                    _encode_response, response, requested, binary_default, accept_encoding)
-            else:
-                parts, json_length, encoding = _encode_response(response, requested, binary_default, accept_encoding)
-            if json_length is None:
-                headers = [_JSON]
-            else:
-                headers = [_OCTET, (b"inference-header-content-length", b"%d" % json_length)]
-            if encoding is not None:
-                headers.append((b"content-encoding", encoding.encode()))
-            total = sum(len(p) for p in parts)
-            if len(parts) == 1 or total < _JOIN_LIMIT:
-                await _send_bytes(send, 200, headers, parts[0] if len(parts) == 1 else b"".join(parts))
-                return
-            headers.append((b"content-length", b"%d" % total))
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            last = len(parts) - 1
-            for i, part in enumerate(parts):
-                await send({"type": "http.response.body", "body": part, "more_body": i < last})
+        async def run(request: InferenceRequest) -> InferenceResponse | None:
+            return await _infer_watching(server, request, receive)
 
-        if not heavy:
-            await _infer_and_respond(server, request, receive, respond)
-            return
-        # a request decoded off the loop holds millions of objects (JSON lists): they are freed
-        # off the loop too, once nothing else (a traceback's frames) refers to them
-        error: Exception | None = None
-        try:
-            await _infer_and_respond(server, request, receive, respond)
-        except Exception as exc:
-            error = exc.with_traceback(None)
-        holder = [request]
-        del request
-        await offload.run_sync(holder.clear)
-        if error is not None:
-            raise error
+        status, headers, parts = await endpoint.handle(scope["headers"], read_body, run, name, version)
+        await _send_parts(send, status, headers, parts)
 
     async def model_route(
         scope: Scope, receive: Receive, send: Send, method: str, name: str, version: str, kind: str
@@ -445,17 +373,11 @@ def make_app(server: Server) -> ASGIApp:
             return
         try:
             await route(scope, receive, send)
-        except TritonError as exc:
-            await _reply_error(send, http_status(exc.code), exc.message)
-        except _HTTPError as exc:
-            await _reply_error(send, exc.status, exc.message)
-        except _Disconnected:
+        except Disconnected:
             return
         except Exception as exc:
-            log.exception("unexpected error handling %s %s", scope.get("method"), scope.get("path"))
-            await _reply_error(
-                send, http_status(Code.INTERNAL), f"internal server error: {type(exc).__name__}: {exc}"
-            )
+            status, body = error_reply(exc, scope.get("method", ""), scope.get("path", ""))
+            await _reply_error(send, status, body)
 
     return app
 
@@ -483,36 +405,11 @@ def _category_of(path: str) -> str | None:
     return None
 
 
-async def _reply_error(send: Send, status: int, message: str) -> None:
+async def _reply_error(send: Send, status: int, body: bytes) -> None:
     try:
-        await _send_error(send, status, message)
+        await _send_bytes(send, status, [_JSON], body)
     except Exception:  # the response may have started, or the connection is gone
-        log.debug("could not send the error response (%d %s)", status, message, exc_info=True)
-
-
-def _encode_response(response: InferenceResponse, requested: list[Any], binary_default: bool,
-                     accept_encoding: str | None) -> tuple[list[Any], int | None, str | None]:
-    """The response body parts, its JSON header length and its Content-Encoding (None: identity)."""
-    parts, json_length = kserve.encode_infer_response(response, requested, binary_default)
-    if accept_encoding is None:
-        return parts, json_length, None
-    data, encoding = kserve.compress(b"".join(parts), accept_encoding)
-    return ([data], json_length, encoding) if encoding is not None else (parts, json_length, None)
-
-
-def _decode_raw(
-    server: Server, body: bytes | bytearray | memoryview, name: str, version: str
-) -> InferenceRequest:
-    inputs = server.model_input_info(name, version)
-    if len(inputs) != 1:
-        raise invalid_arg(
-            f"Raw request must only have 1 input (found 1) to be deduced but got {len(inputs)} inputs in "
-            f"'{name}' model configuration"
-        )
-    input_name, datatype, shape = inputs[0]
-    if server.model_config(name, version).max_batch_size > 0:
-        shape = [1, *shape[1:]]
-    return kserve.decode_raw_request(body, name, version, input_name, datatype, shape)
+        log.debug("could not send the error response (%d %r)", status, body, exc_info=True)
 
 
 def _index_entry(entry: Any) -> dict[str, str]:

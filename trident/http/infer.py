@@ -1,0 +1,213 @@
+"""``POST /v2/models/{m}[/versions/{v}]/infer``: the work both HTTP paths share.
+
+The ASGI application (:mod:`trident.http.app`, served by hypercorn or by trident's server for
+routes other than /infer) and the ASGI-free fast path of trident's HTTP/1.1 server
+(:mod:`trident.http.fastserver`) both answer an infer request with :meth:`InferEndpoint.handle`,
+so they decode, run, encode and map errors with the same code and give the same answers. The
+caller supplies the transport's two operations: reading the body and running the request
+while it watches for a client disconnect.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from trident.errors import Code, TritonError, http_status, invalid_arg
+from trident.http import offload
+from trident.protocol import kserve
+from trident.restricted import HTTP_MESSAGE, http_restrictions
+from trident.types import InferenceRequest, InferenceResponse
+
+if TYPE_CHECKING:
+    from trident.server import Server
+
+log = logging.getLogger("trident.http")
+
+Headers = Sequence[tuple[bytes, bytes]]
+Parts = list[Any]  # bytes-like pieces of a body
+ReadBody = Callable[[], Awaitable["bytes | bytearray | memoryview"]]
+RunInfer = Callable[[InferenceRequest], Awaitable["InferenceResponse | None"]]
+
+JSON = (b"content-type", b"application/json")
+OCTET = (b"content-type", b"application/octet-stream")
+
+
+class Disconnected(Exception):
+    """The client went away before the request was answered (nothing is to be sent)."""
+
+
+class HTTPError(Exception):
+    """A protocol-level error with its own status (403, 404, 405)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def too_large(size: int, limit: int) -> TritonError:
+    """The INVALID_ARG for a body of ``size`` bytes over ``--http-max-input-size``."""
+    return invalid_arg(
+        f"request body of {size} bytes exceeds the maximum HTTP input size of {limit} bytes "
+        "(--http-max-input-size)"
+    )
+
+
+def error_reply(exc: Exception, method: str, path: str) -> tuple[int, bytes]:
+    """The status and ``{"error": ...}`` body for an exception raised while handling a request.
+
+    TritonError gets its code's status, HTTPError its own; anything else is a 500 (logged with
+    its traceback) naming the exception.
+    """
+    if isinstance(exc, TritonError):
+        return http_status(exc.code), kserve.error_body(exc.message)
+    if isinstance(exc, HTTPError):
+        return exc.status, kserve.error_body(exc.message)
+    log.error("unexpected error handling %s %s", method, path, exc_info=exc)
+    return http_status(Code.INTERNAL), kserve.error_body(f"internal server error: {type(exc).__name__}: {exc}")
+
+
+class InferEndpoint:
+    """The infer endpoint of one server: its size limit, restrictions and request handling.
+
+    Raises ValueError (construction) for a malformed ``--http-restricted-api``.
+    """
+
+    __slots__ = ("server", "limit", "restrictions")
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.limit = int(server.options.http_max_input_size)
+        self.restrictions = http_restrictions(server.options)
+
+    def check_restricted(self, headers: Headers, category: str) -> None:
+        """Raises HTTPError(403) when ``category`` needs a header the request lacks."""
+        restriction = self.restrictions.get(category)
+        if restriction is None:
+            return
+        wanted = restriction.header.encode("latin-1")
+        for key, value in headers:
+            if key.lower() == wanted and restriction.allows(value):
+                return
+        raise HTTPError(403, HTTP_MESSAGE.format(restriction.header))
+
+    async def handle(self, headers: Headers, read_body: ReadBody, run: RunInfer, name: str,
+                     version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+        """Answer one infer request: ``(status, headers, body parts)``, never an exception.
+
+        ``read_body()`` returns the whole body (raising ``too_large`` past the limit);
+        ``run(request)`` runs it and returns None when the client went away meanwhile. The
+        headers returned lack ``content-length`` (the transport adds it). The restricted-API
+        check is the caller's (it precedes the method check). Raises Disconnected when the
+        client went away (the transport sends nothing); cancellation propagates.
+        """
+        try:
+            return await self._handle(headers, read_body, run, name, version)
+        except Disconnected:
+            raise
+        except Exception as exc:
+            # a traceback's frames may hold a large decoded request: drop them here
+            path = f"/v2/models/{name}/versions/{version}/infer" if version else f"/v2/models/{name}/infer"
+            status, body = error_reply(exc, "POST", path)
+            del exc
+            return status, [JSON], [body]
+
+    async def _handle(self, headers: Headers, read_body: ReadBody, run: RunInfer, name: str,
+                      version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+        header_length: int | None = None
+        content_encoding = accept_encoding = None
+        for key, value in headers:
+            if key == b"inference-header-content-length":
+                try:
+                    header_length = int(value)
+                except ValueError:
+                    raise invalid_arg(
+                        f"Unable to parse Inference-Header-Content-Length, got: {value.decode('latin-1')}"
+                    ) from None
+            elif key == b"content-encoding":
+                content_encoding = value.decode("latin-1")
+            elif key == b"accept-encoding":
+                accept_encoding = value.decode("latin-1")
+        body = await read_body()
+        if content_encoding is not None:
+            body = await offload.decompress(body, content_encoding, self.limit)
+        heavy = False
+        if header_length == 0:
+            request = _decode_raw(self.server, body, name, version)
+            binary_default = True
+        else:
+            if len(body) < offload.OFFLOAD_THRESHOLD or not kserve.is_heavy(
+                    body, header_length, offload.OFFLOAD_THRESHOLD):
+                request = kserve.decode_infer_request(body, header_length, name, version)
+            else:  # a large JSON (or BYTES) decode: in a worker thread, not on the loop
+                heavy = True
+                request = await offload.run_sync(kserve.decode_infer_request, body, header_length, name, version)
+            params = request.parameters
+            binary_default = bool(params.pop("binary_data_output", False)) if params else False
+        del body
+        if not heavy:
+            response = await run(request)
+            if response is None:
+                raise Disconnected
+            return await _reply(response, request.outputs, binary_default, accept_encoding)
+        # a request decoded off the loop holds millions of objects (JSON lists): they are freed
+        # off the loop too, once nothing else (a traceback's frames) refers to them
+        error: Exception | None = None
+        reply = None
+        try:
+            response = await run(request)
+            if response is None:
+                raise Disconnected
+            reply = await _reply(response, request.outputs, binary_default, accept_encoding)
+        except Exception as exc:
+            error = exc.with_traceback(None)
+        holder = [request]
+        del request
+        await offload.run_sync(holder.clear)
+        if error is not None:
+            raise error
+        assert reply is not None
+        return reply
+
+
+async def _reply(response: InferenceResponse, requested: list[Any], binary_default: bool,
+                 accept_encoding: str | None) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+    if kserve.response_is_large(response):  # a large encode (and compression): in a worker thread
+        parts, json_length, encoding = await offload.run_sync(
+            encode_response, response, requested, binary_default, accept_encoding)
+    else:
+        parts, json_length, encoding = encode_response(response, requested, binary_default, accept_encoding)
+    if json_length is None:
+        headers = [JSON]
+    else:
+        headers = [OCTET, (b"inference-header-content-length", b"%d" % json_length)]
+    if encoding is not None:
+        headers.append((b"content-encoding", encoding.encode()))
+    return 200, headers, parts
+
+
+def encode_response(response: InferenceResponse, requested: list[Any], binary_default: bool,
+                    accept_encoding: str | None) -> tuple[list[Any], int | None, str | None]:
+    """The response body parts, its JSON header length and its Content-Encoding (None: identity)."""
+    parts, json_length = kserve.encode_infer_response(response, requested, binary_default)
+    if accept_encoding is None:
+        return parts, json_length, None
+    data, encoding = kserve.compress(b"".join(parts), accept_encoding)
+    return ([data], json_length, encoding) if encoding is not None else (parts, json_length, None)
+
+
+def _decode_raw(
+    server: Server, body: bytes | bytearray | memoryview, name: str, version: str
+) -> InferenceRequest:
+    inputs = server.model_input_info(name, version)
+    if len(inputs) != 1:
+        raise invalid_arg(
+            f"Raw request must only have 1 input (found 1) to be deduced but got {len(inputs)} inputs in "
+            f"'{name}' model configuration"
+        )
+    input_name, datatype, shape = inputs[0]
+    if server.model_config(name, version).max_batch_size > 0:
+        shape = [1, *shape[1:]]
+    return kserve.decode_raw_request(body, name, version, input_name, datatype, shape)
