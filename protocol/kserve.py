@@ -23,7 +23,7 @@ Choices where Triton is silent or inconsistent (documented in README "HTTP"):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,22 +81,24 @@ _RESERVED_BOOL = ("sequence_start", "sequence_end", "binary_data_output")
 _RESERVED_UINT = ("priority", "timeout")
 MAX_DIMS = 64  # numpy's limit on the dimensions of an array
 _MAX_DIM = (1 << 63) - 1  # a dimension is an int64 on the wire (and in numpy)
-_CONVERT_CHUNK = 1 << 16  # JSON data longer than this is converted to numpy in slices of it
+_CONVERT_CHUNK = 1 << 13  # JSON data longer than this is converted to numpy in slices of it
 LARGE_JSON = 1 << 20  # JSON documents from this size are parsed in slices (parse_json)
-_ENCODE_SLICE = 1 << 16  # elements of an output's JSON data encoded at once
+_ENCODE_SLICE = 1 << 13  # elements of an output's JSON data encoded at once (~0.2 ms)
+_SPLICE_PIECE = 1 << 20  # bytes of a long JSON response per part
 _LIST_MARKER = "\u0000trident-list:"  # a placeholder no client string can be (outputs come from models)
 
 
-def parse_json(body: bytes | bytearray | memoryview) -> Any:
+def parse_json(body: bytes | bytearray | memoryview, convert: json_slices.Convert | None = None) -> Any:
     """Parse a JSON document; raises INVALID_ARG with Triton's message prefix on bad JSON.
 
     A document of ``LARGE_JSON`` bytes or more is parsed with its long ``"data"`` lists in
     slices (trident.protocol.json_slices), so the thread parsing it lets others run between
-    slices; the result is the same.
+    slices; the result is the same, except that with ``convert`` each long list is a
+    json_slices.SlicedList of ``convert``-ed slices.
     """
     try:
         if len(body) >= LARGE_JSON:
-            return json_slices.loads(body, _loads)
+            return json_slices.loads(body, _loads, json_slices.SLICE_SIZE, convert)
         return _loads(body)
     except ValueError as exc:  # orjson.JSONDecodeError / json.JSONDecodeError / UnicodeDecodeError
         raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
@@ -139,7 +141,7 @@ def decode_infer_request(
         )
     elif header_length < 0 or header_length > total:
         raise invalid_arg(f"inference header size should be in range (0, {total}), got: {header_length}")
-    doc = parse_json(view[:header_length] if header_length < total else view)
+    doc = parse_json(view[:header_length] if header_length < total else view, _convert_slice)
     if not isinstance(doc, dict):
         raise invalid_arg("failed to parse the request JSON buffer: the request must be a JSON object")
 
@@ -407,6 +409,8 @@ def _json_to_array(name: str, datatype: str, shape: tuple[int, ...], count: int,
             f"receiving {datatype} data via JSON is not supported. Please use the binary data "
             f"format for input {name}"
         )
+    if isinstance(data, json_slices.SlicedList):
+        return _sliced_to_array(name, datatype, shape, count, data)
     if not isinstance(data, list):
         raise invalid_arg(f"Unable to parse 'data' of input '{name}': expected a JSON array")
     np_dtype = datatypes.numpy_dtype(datatype)
@@ -437,6 +441,14 @@ def _json_to_array(name: str, datatype: str, shape: tuple[int, ...], count: int,
             raise _bad_data(name, datatype, "expected numbers (or values out of range)")
     if arr.size != count:
         raise _count_mismatch(name, arr.size, count, shape)
+    return _typed(name, datatype, shape, arr, lambda: data)
+
+
+def _typed(name: str, datatype: str, shape: tuple[int, ...], arr: np.ndarray,
+           elements: Callable[[], list[Any]]) -> np.ndarray:
+    """``arr`` (numpy's reading of the JSON numbers, ``elements()`` the JSON values themselves)
+    checked against ``datatype`` and cast to it, in ``shape``."""
+    np_dtype = datatypes.numpy_dtype(datatype)
     kind = arr.dtype.kind
     target = np_dtype.kind
     if target == "b":
@@ -445,7 +457,7 @@ def _json_to_array(name: str, datatype: str, shape: tuple[int, ...], count: int,
     elif target in "iu":
         info = np.iinfo(np_dtype)
         if kind == "f":  # numpy infers float64 when ints beyond int64 are mixed in: check exactly
-            return _exact_ints(name, datatype, data, info, np_dtype).reshape(shape)
+            return _exact_ints(name, datatype, elements(), info, np_dtype).reshape(shape)
         if kind not in "iu":
             raise _bad_data(name, datatype, "expected integers")
         if int(arr.min()) < info.min or int(arr.max()) > info.max:
@@ -476,6 +488,53 @@ def _json_to_bytes(name: str, shape: tuple[int, ...], count: int, data: list[Any
     for i in range(0, count, _CONVERT_CHUNK):  # slices: the GIL is released between them
         out[i : i + _CONVERT_CHUNK] = items[i : i + _CONVERT_CHUNK]
     return out.reshape(shape)
+
+
+def _convert_slice(items: list[Any]) -> tuple[bool, np.ndarray]:
+    """One parsed slice of a long JSON list (json_slices), kept as a small array so no long
+    list of Python values is built: ``(True, bytes objects)`` for a slice of strings (UTF-8
+    encoded, as BYTES wants them), else ``(False, numpy's reading of the values)``."""
+    if items and type(items[0]) is str:
+        try:
+            encoded = [s.encode("utf-8") for s in items]
+        except AttributeError:  # a non-string further on
+            encoded = None
+        out = np.empty(len(items), dtype=object)
+        out[:] = items if encoded is None else encoded
+        return encoded is not None, out
+    try:
+        return False, np.asarray(items)
+    except (ValueError, TypeError, OverflowError):
+        out = np.empty(len(items), dtype=object)
+        out[:] = items
+        return False, out
+
+
+def _sliced_to_array(name: str, datatype: str, shape: tuple[int, ...], count: int,
+                     data: json_slices.SlicedList) -> np.ndarray:
+    """A long flat JSON list parsed slice by slice (its parts from :func:`_convert_slice`) as
+    the input's array, filled slice by slice; equal to what the list would give."""
+    if data.length != count:
+        raise _count_mismatch(name, data.length, count, shape)
+    parts: list[tuple[bool, np.ndarray]] = data.parts
+    if datatype == "BYTES":
+        if not all(encoded for encoded, _ in parts):
+            raise _bad_data(name, "BYTES", "expected JSON strings")
+        out = np.empty(count, dtype=object)
+    else:
+        dtype = parts[0][1].dtype
+        if any(encoded or part.dtype != dtype for encoded, part in parts) or dtype.kind == "O":
+            # the slices disagree (ints, then floats) or hold what numpy cannot type: the
+            # list as one parse gives it, then the usual path (rare, and slow for a long list)
+            return _json_to_array(name, datatype, shape, count, data.whole())
+        out = np.empty(count, dtype=dtype)
+    pos = 0
+    for _, part in parts:
+        out[pos:pos + part.size] = part
+        pos += part.size
+    if datatype == "BYTES":
+        return out.reshape(shape)
+    return _typed(name, datatype, shape, out, data.whole)
 
 
 def _asarray(data: list[Any]) -> np.ndarray:
@@ -558,7 +617,9 @@ def encode_infer_response(
 
     Returns ``(parts, header_length)``: the body is ``b"".join(parts)``; ``header_length`` is
     the JSON size for the ``Inference-Header-Content-Length`` header, or None when no blob
-    follows (then the body is plain JSON). An output is binary when its requested parameters say
+    follows (then the body is plain JSON). The JSON is one part, or for an output with a long
+    JSON ``data`` list, several (encoded slice by slice and never joined: a caller writes them
+    in turn or joins them). An output is binary when its requested parameters say
     ``binary_data: true``, or when they say nothing and ``binary_default`` (the request's
     ``binary_data_output``) is true.
 
@@ -595,11 +656,10 @@ def encode_infer_response(
                 out["data"] = f"{_LIST_MARKER}{len(long_lists)}"
                 long_lists.append(data)
     header = dumps(doc)
-    if long_lists:
-        header = _splice_lists(header, long_lists)
+    pieces = _splice_lists(header, long_lists) if long_lists else [header]
     if not blobs:
-        return [header], None
-    return [header, *blobs], len(header)
+        return pieces, None  # type: ignore[return-value]  # list[bytes] is a list of parts
+    return [*pieces, *blobs], sum(len(p) for p in pieces)
 
 
 def response_is_large(response: InferenceResponse) -> bool:
@@ -607,23 +667,32 @@ def response_is_large(response: InferenceResponse) -> bool:
     return sum(t.data.nbytes for t in response.outputs if isinstance(t.data, np.ndarray)) >= LARGE_JSON
 
 
-def _splice_lists(header: bytes, lists: list[np.ndarray]) -> bytes:
-    """Replace each list marker of ``header`` by its array's JSON, encoded slice by slice (no
-    single encode call holds the GIL long); the text equals encoding the array in one go."""
+def _splice_lists(header: bytes, lists: list[np.ndarray]) -> list[bytes]:
+    """The pieces of ``header`` with each list marker replaced by its array's JSON, encoded
+    slice by slice (no single encode call holds the GIL long) and gathered into pieces of about
+    ``_SPLICE_PIECE`` bytes (never the whole body: one copy of it in one call would hold the
+    GIL as long); joined, they equal encoding the arrays in one go."""
     pieces: list[bytes] = []
+    batch: list[bytes] = []
+    size = 0
     pos = 0
     for i, array in enumerate(lists):
         marker = b'"\\u0000trident-list:%d"' % i  # how dumps writes _LIST_MARKER
         at = header.index(marker, pos)
-        pieces.append(header[pos:at])
+        batch.append(header[pos:at])
         for start in range(0, array.size, _ENCODE_SLICE):
-            piece = dumps(array[start:start + _ENCODE_SLICE])
-            pieces.append(b"[" if start == 0 else b",")
-            pieces.append(piece[1:-1])
-        pieces.append(b"]")
+            piece = dumps(array[start:start + _ENCODE_SLICE])  # b"[...]"
+            batch.append(piece[:-1] if start == 0 else b"," + piece[1:-1])
+            size += len(piece)
+            if size >= _SPLICE_PIECE:
+                pieces.append(b"".join(batch))
+                batch.clear()
+                size = 0
+        batch.append(b"]")
         pos = at + len(marker)
-    pieces.append(header[pos:])
-    return b"".join(pieces)  # one allocation and copy for the whole body
+    batch.append(header[pos:])
+    pieces.append(b"".join(batch))
+    return pieces
 
 
 def _encode_output(tensor: Tensor, binary: bool, blobs: list[bytes | memoryview]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import trio
 
 T = TypeVar("T")
 
-SWITCH_INTERVAL = 0.0005  # seconds: the GIL switch interval while a job runs
+SWITCH_INTERVAL = 0.0002  # seconds: the GIL switch interval while a job runs
 
 _running = 0  # jobs running (counted on the event loop's thread, so no lock)
 _saved_interval = 0.005

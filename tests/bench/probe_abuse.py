@@ -589,17 +589,29 @@ async def case_http_gzip_bomb(args, nursery) -> str:
                                                           ("content-encoding", "gzip")], args.case_wait)
 
 
+_JSON_BODIES: dict[tuple[str, int, str], bytes] = {}
+
+
+def json_body(args, datatype: str) -> bytes:
+    """The large JSON infer body of a case (~60 MiB), cached: built before the clock starts,
+    since building it here would stall the probe's own loop (and its victims' timings)."""
+    n = max(1, int((15_000_000 if datatype == "BYTES" else 12_000_000) * args.scale))
+    key = (datatype, n, args.input)
+    if key not in _JSON_BODIES:
+        element = b'""' if datatype == "BYTES" else b"0.5"
+        _JSON_BODIES[key] = (b'{"inputs":[{"name":"' + args.input.encode() + b'","shape":[' + str(n).encode()
+                             + b'],"datatype":"' + datatype.encode() + b'","data":['
+                             + (element + b", ") * (n - 1) + element + b"]}]}")
+    return _JSON_BODIES[key]
+
+
 async def case_http_json_bytes(args, nursery) -> str:
-    n = max(1, int(15_000_000 * args.scale))
-    body = (b'{"inputs":[{"name":"' + args.input.encode() + b'","shape":[' + str(n).encode()
-            + b'],"datatype":"BYTES","data":[' + b'"", ' * (n - 1) + b'""]}]}')
+    body = json_body(args, "BYTES")
     return await http_post(args, infer_path(args), body, [("content-type", "application/json")], args.case_wait)
 
 
 async def case_http_json_floats(args, nursery) -> str:
-    n = max(1, int(12_000_000 * args.scale))
-    body = (b'{"inputs":[{"name":"' + args.input.encode() + b'","shape":[' + str(n).encode()
-            + b'],"datatype":"FP32","data":[' + b"0.5, " * (n - 1) + b"0.5]}]}")
+    body = json_body(args, "FP32")
     return await http_post(args, infer_path(args), body, [("content-type", "application/json")], args.case_wait)
 
 
@@ -1055,6 +1067,9 @@ async def amain(args) -> None:
     if stall:
         if any(c.endswith("gzip_bomb") for c in stall):
             zeros_gzip(int((256 << 20) * args.scale))  # built before the clock starts
+        for case, datatype in (("http_json_bytes", "BYTES"), ("http_json_floats", "FP32")):
+            if case in stall:
+                json_body(args, datatype)  # likewise
         await run_stall(args, emit, stall)
     for variant in ("pinned_prefix", "pinned_payload"):
         if variant in selected:

@@ -80,3 +80,37 @@ def test_any_flat_list_round_trips(data, slice_size):
     text = orjson.dumps(_doc(data))
     got, _ = _loads(text, slice_size)
     assert got == orjson.loads(text)
+
+
+def test_convert_keeps_each_list_as_its_converted_slices():
+    """With convert, a long list becomes a SlicedList: each slice converted as it is parsed (no
+    list of all elements is built), in order, its length and whole() the list's."""
+    data = list(range(3000))
+    text = orjson.dumps({"inputs": [{"name": "A", "data": data}, {"name": "B", "data": [1, 2]}]})
+    seen: list[int] = []
+
+    def convert(items):
+        seen.append(len(items))
+        return ("slice", items[0], items[-1])
+
+    doc = json_slices.loads(text, orjson.loads, slice_size=256, convert=convert)
+    sliced = doc["inputs"][0]["data"]
+    assert isinstance(sliced, json_slices.SlicedList)
+    assert len(sliced) == sliced.length == 3000 and sum(seen) == 3000 and len(seen) > 20
+    assert max(seen) < 100  # about 256 bytes of text per slice
+    assert sliced.parts[0] == ("slice", 0, seen[0] - 1) and sliced.parts[-1][2] == 2999
+    assert sliced.whole() == data
+    assert doc["inputs"][1]["data"] == [1, 2]  # short lists stay lists
+
+
+def test_windowed_find_equals_find():
+    buf = b"x" * 50 + b'"data"' + b"y" * 50
+    for window in (1, 3, 7, 64, 1 << 20):
+        old = json_slices.SCAN_WINDOW
+        json_slices.SCAN_WINDOW = window
+        try:
+            for needle in (b'"data"', b"y", b"z", b"x"):
+                for start in (0, 10, 49, 53, 60):
+                    assert json_slices._find(buf, needle, start, len(buf)) == buf.find(needle, start), (window, needle)
+        finally:
+            json_slices.SCAN_WINDOW = old

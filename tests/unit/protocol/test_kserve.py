@@ -17,7 +17,7 @@ from tritonclient.http._utils import _get_inference_request
 from tritonclient.utils import np_to_triton_dtype
 
 from trident.errors import Code, TritonError
-from trident.protocol import datatypes, kserve
+from trident.protocol import datatypes, json_slices, kserve
 from trident.types import InferenceResponse, RequestedOutput, Tensor
 
 NUMERIC = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64"]
@@ -730,6 +730,60 @@ def test_long_json_data_converts_in_slices_to_the_same_array(datatype: str) -> N
     np.testing.assert_array_equal(nested.reshape(-1), expected)
 
 
+def _decode_both_ways(monkeypatch: pytest.MonkeyPatch, body: bytes) -> tuple[Any, Any]:
+    """``body`` decoded whole, then with its lists parsed in slices of 64 bytes: each result
+    is the decoded input array or the TritonError raised."""
+    def run() -> Any:
+        try:
+            return decode(body, None).inputs[0].data
+        except TritonError as exc:
+            return exc
+    whole = run()
+    monkeypatch.setattr(kserve, "LARGE_JSON", 0)
+    monkeypatch.setattr(json_slices, "SLICE_SIZE", 64)
+    doc = kserve.parse_json(body, kserve._convert_slice)
+    assert isinstance(doc["inputs"][0]["data"], json_slices.SlicedList)  # the sliced path is taken
+    sliced = run()
+    return whole, sliced
+
+
+_SLICED_CASES = [
+    ("FP32", [i if i % 2 else i + 0.5 for i in range(400)]),  # ints and floats mixed
+    ("FP32", [0.25] * 200 + [1] * 200),  # float slices, then int slices
+    ("INT64", list(range(-200, 200))),
+    ("UINT64", [1] * 300 + [2**63 + 1, 2**64 - 1]),  # exact beyond float64 (numpy reads float64)
+    ("UINT64", [1] * 300 + [2**64]),  # out of range
+    ("INT32", [1] * 300 + [2**40]),
+    ("INT32", [1] * 300 + [1.5]),
+    ("INT32", [1] * 300 + ["x"]),
+    ("INT32", [1] * 300 + [None]),
+    ("BOOL", [True, False, False] * 100),
+    ("BOOL", [True] * 300 + [1]),
+    ("BYTES", [f"s{i}é" for i in range(300)]),
+    ("BYTES", ["a"] * 300 + [2]),
+    ("BYTES", [2] + ["a"] * 300),
+    ("FP32", ["a"] * 300),
+]
+
+
+@pytest.mark.parametrize(("datatype", "values"), _SLICED_CASES)
+def test_long_json_lists_parsed_in_slices_decode_as_whole(monkeypatch: pytest.MonkeyPatch, datatype: str,
+                                                          values: list[Any]) -> None:
+    """A long list parsed and converted slice by slice (never one Python list) gives the same
+    array, or the same error, as the whole list."""
+    body = _one_input(datatype=datatype, shape=[len(values)], data=values)
+    whole, sliced = _decode_both_ways(monkeypatch, body)
+    if isinstance(whole, TritonError):
+        assert isinstance(sliced, TritonError) and (sliced.code, sliced.message) == (whole.code, whole.message)
+    else:
+        assert isinstance(sliced, np.ndarray) and sliced.dtype == whole.dtype and sliced.shape == whole.shape
+        np.testing.assert_array_equal(sliced, whole)
+    wrong_count = _one_input(datatype=datatype, shape=[len(values) + 1], data=values)
+    whole, sliced = _decode_both_ways(monkeypatch, wrong_count)
+    assert isinstance(whole, TritonError) and isinstance(sliced, TritonError)
+    assert sliced.message == whole.message
+
+
 def test_long_json_data_is_still_checked() -> None:
     n = 2 * 65536 + 5
     values: list[Any] = list(range(n))
@@ -779,7 +833,7 @@ def test_inflater_works_in_bounded_steps() -> None:
     assert "failed to decompress the gzip request body" in info.value.message
 
 
-def test_long_json_output_data_is_encoded_in_slices_to_the_same_text():
+def test_long_json_output_data_is_encoded_in_slices_to_the_same_text(monkeypatch: pytest.MonkeyPatch):
     """Outputs longer than one encode slice are spliced in slice by slice; the body is unchanged."""
     import orjson
 
@@ -794,5 +848,12 @@ def test_long_json_output_data_is_encoded_in_slices_to_the_same_text():
         {"name": "A", "datatype": "FP32", "shape": [n], "data": a},
         {"name": "SMALL", "datatype": "FP32", "shape": [4], "data": a[:4]},
         {"name": "B", "datatype": "INT64", "shape": [n], "data": b}]}, option=orjson.OPT_SERIALIZE_NUMPY)
-    assert header_length is None and parts == [expected]
+    assert header_length is None and b"".join(parts) == expected
+    monkeypatch.setattr(kserve, "_SPLICE_PIECE", 4096)
+    parts, header_length = kserve.encode_infer_response(response, [], False)
+    assert header_length is None and len(parts) >= 6 and b"".join(parts) == expected
+    binary = [RequestedOutput("SMALL", {"binary_data": True})]
+    parts, header_length = kserve.encode_infer_response(response, binary, False)
+    assert len(parts) >= 7 and header_length == sum(len(p) for p in parts[:-1])
+    assert bytes(parts[-1]) == a[:4].tobytes()
     assert kserve.response_is_large(response) == (a.nbytes + b.nbytes + 16 >= kserve.LARGE_JSON)
