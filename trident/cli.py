@@ -157,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a started request message must arrive whole within this (trident)")
     h.add_argument("--grpc-max-buffered-bytes", type=_positive_int, default=d.grpc_max_buffered_bytes,
                    help="request bytes buffered across all gRPC connections (trident)")
+    h.add_argument("--grpc-http2", choices=("trident", "h2"), default=d.grpc_http2,
+                   help="HTTP/2 implementation under gRPC: trident's own, or the h2 library (fallback; trident)")
     _flag(h, "--allow-metrics", d.allow_metrics, "serve Prometheus metrics")
     _flag(h, "--allow-gpu-metrics", d.allow_gpu_metrics, "GPU metrics")
     _flag(h, "--allow-cpu-metrics", d.allow_cpu_metrics, "CPU metrics")

@@ -48,6 +48,7 @@ class ServerOptions:
     grpc_handshake_timeout_secs: float = 10.0  # TLS handshake + HTTP/2 preface after accept
     grpc_message_timeout_secs: float = 60.0  # a started request message must complete within this
     grpc_max_buffered_bytes: int = 2 * 1024 * 1024 * 1024  # request bytes buffered, all connections
+    grpc_http2: str = "trident"  # HTTP/2 implementation: trident (trident.protocol.http2) | h2 (fallback)
     # restricted APIs: "<api>[,<api>...]:<header>=<value>" entries (tritonserver's syntax)
     http_restricted_api: list[str] = field(default_factory=list)
     grpc_restricted_protocol: list[str] = field(default_factory=list)

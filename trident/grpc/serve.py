@@ -14,7 +14,8 @@ keepalive and ping policy ``grpc_keepalive_time`` / ``grpc_keepalive_timeout`` (
 and trident's own ``grpc_max_connections`` (at the limit the accept loop pauses until a
 connection closes), ``grpc_handshake_timeout_secs`` (TLS handshake plus the client's preface
 and first SETTINGS, counted from accept), ``grpc_idle_timeout_secs``,
-``grpc_message_timeout_secs`` and ``grpc_max_buffered_bytes`` (see
+``grpc_message_timeout_secs``, ``grpc_max_buffered_bytes`` and ``grpc_http2`` (the HTTP/2
+implementation: ``trident`` or ``h2``; see
 :class:`~trident.grpc.transport.TransportConfig`; a time of 0 disables that timer).
 """
 
@@ -28,6 +29,7 @@ from typing import Any
 
 import trio
 
+from trident.grpc.h2_engine import ENGINES
 from trident.grpc.transport import Connection, Method, ServerBudget, TransportConfig
 from trident.protocol import grpc_framing
 
@@ -39,12 +41,16 @@ _ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 
 def transport_config(options: Any) -> TransportConfig:
-    """TransportConfig from server options. Raises ValueError for an unknown compression level."""
+    """TransportConfig from server options. Raises ValueError for an unknown compression level
+    or HTTP/2 implementation."""
     level = str(getattr(options, "grpc_infer_response_compression_level", "none")).lower()
     if level not in COMPRESSION_LEVELS:
         raise ValueError(f"unknown --grpc-infer-response-compression-level '{level}' "
                          f"(expected one of {', '.join(COMPRESSION_LEVELS)})")
     d = TransportConfig()
+    http2 = str(getattr(options, "grpc_http2", d.http2))
+    if http2 not in ENGINES:
+        raise ValueError(f"unknown --grpc-http2 '{http2}' (expected one of {', '.join(ENGINES)})")
 
     def ms(name: str, default: float) -> float:
         return int(getattr(options, name, default * 1000)) / 1000.0
@@ -64,6 +70,7 @@ def transport_config(options: Any) -> TransportConfig:
         min_recv_ping_interval=ms("grpc_http2_min_recv_ping_interval_without_data", d.min_recv_ping_interval),
         max_ping_strikes=int(getattr(options, "grpc_http2_max_ping_strikes", d.max_ping_strikes)),
         max_connections=int(getattr(options, "grpc_max_connections", d.max_connections)),
+        http2=http2,
     )
 
 

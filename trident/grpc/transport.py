@@ -1,6 +1,8 @@
-"""gRPC over HTTP/2 on trio and h2: one connection, one task and cancel scope per call.
+"""gRPC over HTTP/2 on trio: one connection, one task and cancel scope per call.
 
-:class:`Connection` drives an ``h2`` state machine over a trio stream. Each request stream
+:class:`Connection` drives a sans-IO HTTP/2 engine over a trio stream: trident's own
+(:mod:`trident.protocol.http2`, the default) or the ``h2`` library's (``TransportConfig.http2``,
+``--grpc-http2 h2``); see :mod:`trident.grpc.h2_engine`. Each request stream
 becomes a :class:`Call` run by its own task in the connection's nursery, under a cancel scope
 that RST_STREAM from the client, the ``grpc-timeout`` deadline and the connection's end cancel
 (and with it whatever the handler awaits, inference included).
@@ -14,13 +16,13 @@ maximum). Sends wait for the peer's windows; a peer that never reads blocks only
 Limits (every size, count and time a client controls is bounded; see :class:`TransportConfig`):
 
 * a :class:`~trident.protocol.h2_guard.FrameGuard` reads the frame headers of every chunk before
-  h2 does: rapid resets, control-frame floods and oversized header blocks get GOAWAY
-  ENHANCE_YOUR_CALM, and a chunk is handed to h2 in slices of at most 64 frames with a
+  the engine does: rapid resets, control-frame floods and oversized header blocks get GOAWAY
+  ENHANCE_YOUR_CALM, and a chunk is handed to the engine in slices of at most 64 frames with a
   checkpoint between them; client PINGs follow gRPC core's strike policy
   (:class:`~trident.protocol.h2_guard.PingPolicy`);
 * a HEADERS frame beyond MAX_CONCURRENT_STREAMS is refused with RST_STREAM(REFUSED_STREAM)
-  (h2's own limit is set higher, so it never ends the connection), and a header list beyond
-  MAX_HEADER_LIST_SIZE fails its stream with RESOURCE_EXHAUSTED after HPACK decoded it;
+  (the engine's own limit is set higher, so it never ends the connection), and a header list
+  beyond MAX_HEADER_LIST_SIZE fails its stream with RESOURCE_EXHAUSTED after HPACK decoded it;
 * request bytes held by the transport (messages in progress and messages not yet taken by
   their handler) count against a per-connection and a per-server (:class:`ServerBudget`)
   budget: the stream whose DATA would exceed one fails with RESOURCE_EXHAUSTED; a started
@@ -48,14 +50,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
 import trio
-from hyperframe.frame import DataFrame, GoAwayFrame
 
 from trident import worker_threads
 from trident.errors import (
@@ -67,39 +62,23 @@ from trident.errors import (
     GRPC_UNIMPLEMENTED,
     TritonError,
 )
+from trident.grpc.h2_engine import make_engine
 from trident.protocol import grpc_framing as framing
-from trident.protocol import h2_guard
+from trident.protocol import h2_guard, http2
 from trident.protocol.grpc_framing import FramingError
 from trident.protocol.h2_guard import FrameGuard, GuardLimits, PingPolicy
 
 log = logging.getLogger("trident.grpc")
 
 
-def _data_frame_repr(frame: DataFrame) -> str:
-    return f"data=<{len(frame.data)} bytes>"
-
-
-# h2 logs repr(frame) for every frame it receives, eagerly, whatever the logger; hyperframe's
-# DATA frame repr serializes and hex-encodes the whole payload to show 10 bytes of it, which cost
-# ~15% of the server's CPU with 1 MiB tensors. Only the repr changes.
-setattr(DataFrame, "_body_repr", _data_frame_repr)  # noqa: B010
-
 Parts = Sequence[Any]  # buffers: bytes, bytearray, memoryview or 1-D uint8 numpy arrays
 
 _RECEIVE_SIZE = 256 * 1024
-_MAX_WINDOW = 2**31 - 1
-_H2_MAX_STREAMS = 2**31 - 1  # h2's own limit ends the connection; trident refuses streams first
 _INLINE_INFLATE = 1024 * 1024  # gzip output inflated on the event loop; the rest in worker threads
 _THREAD_INFLATE = 16 * 1024 * 1024  # gzip output per worker-thread step (cancellation between steps)
 _KEEPALIVE_PING = b"trident\x00"
 _LINGER_SECS = 1.0  # after a GOAWAY for abuse: read and drop what the client still sends, then close
 _LINGER_BYTES = 16 * 1024 * 1024
-_H2_CONFIG = h2.config.H2Configuration(
-    client_side=False,
-    header_encoding=None,
-    validate_outbound_headers=False,
-    normalize_outbound_headers=False,
-)
 
 
 class GrpcError(Exception):
@@ -148,6 +127,7 @@ class TransportConfig:
     max_connections: int = 4096  # open connections; at the limit the accept loop pauses
     offload_size: int = 1024 * 1024  # messages from this size decode in a worker thread
     worker_threads: int = 2  # worker threads for decompression and large decodes, all connections
+    http2: str = "trident"  # the HTTP/2 engine: "trident" (trident.protocol.http2) or "h2" (the fallback)
 
     @property
     def connection_buffer_limit(self) -> int:
@@ -171,7 +151,7 @@ class ServerBudget:
 class Call:
     """One RPC as its handler sees it. Created and driven by :class:`Connection`."""
 
-    def __init__(self, conn: Connection, stream_id: int, path: str, headers: list[tuple[bytes, bytes]],
+    def __init__(self, conn: Connection, stream_id: int, path: str, headers: Sequence[tuple[bytes, bytes]],
                  deadline: float, encoding: str | None, accepts_gzip: bool) -> None:
         self.conn = conn
         self.stream_id = stream_id
@@ -395,7 +375,8 @@ class Connection:
         self.methods = methods
         self.config = config
         self.budget = budget if budget is not None else ServerBudget(config.max_buffered_bytes, config.worker_threads)
-        self.h2 = h2.connection.H2Connection(_H2_CONFIG)
+        #: the HTTP/2 engine (see trident.grpc.h2_engine)
+        self.engine = make_engine(config)
         self.calls: dict[int, Call] = {}
         #: request bytes this connection holds (messages in progress and not yet handled)
         self.buffered = 0
@@ -429,31 +410,7 @@ class Connection:
         """Serve until the peer disconnects, a protocol error, abuse, a timeout, or a requested
         drain finishes. Cancelling it cancels every call on the connection.
         """
-        h2c = self.h2
         config = self.config
-        # Our settings go in the first SETTINGS frame and apply at once: set with update_settings()
-        # after initiate_connection() they would wait for the client's ACK, and a client opening
-        # more than h2's default 100 streams before that ACK would get a connection error.
-        advertised = {
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: config.max_concurrent_streams,
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: config.initial_window_size,
-            h2.settings.SettingCodes.MAX_FRAME_SIZE: config.max_frame_size,
-            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: config.max_header_list_size,
-        }
-        h2c.local_settings = h2.settings.Settings(client=False, initial_values=advertised)
-        h2c.max_inbound_frame_size = config.max_frame_size  # h2 copied the default in __init__
-        h2c.initiate_connection()
-        # h2 enforces its local settings by ending the connection (TooManyStreamsError, an
-        # oversized header list mid-decode): it gets higher limits than the advertised ones,
-        # which trident enforces as stream errors once the header block is decoded, so the
-        # HPACK state stays in step.
-        h2c.local_settings = h2.settings.Settings(client=False, initial_values={
-            **advertised,
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: _H2_MAX_STREAMS,
-            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: config.max_header_list_hard,
-        })
-        h2c.decoder.max_header_list_size = config.max_header_list_hard
-        h2c.increment_flow_control_window(_MAX_WINDOW - 65535)  # the connection window starts at 65535
         if self._handshake_deadline is None and config.handshake_timeout:
             self._handshake_deadline = trio.current_time() + config.handshake_timeout
         try:
@@ -471,10 +428,9 @@ class Connection:
                     with trio.move_on_after(1):
                         async with self._send_lock:
                             try:
-                                self.h2.close_connection()
-                                await self.stream.send_all(self.h2.data_to_send())
-                            except (h2.exceptions.ProtocolError, trio.BrokenResourceError,
-                                    trio.ClosedResourceError):
+                                self.engine.goaway(http2.NO_ERROR)
+                                await self.stream.send_all(self.engine.data_to_send())
+                            except (trio.BrokenResourceError, trio.ClosedResourceError):
                                 pass
                 elif self.abuse is not None:
                     await self._linger()
@@ -487,13 +443,9 @@ class Connection:
     async def _drainer(self) -> None:
         await self._drain.wait()
         self._draining = True
-        # A GOAWAY written beside h2's state machine: h2's close_connection() would forbid
-        # sending on the streams still running.
-        goaway = GoAwayFrame(0)
-        goaway.last_stream_id = self.h2.highest_inbound_stream_id
-        goaway.error_code = h2.errors.ErrorCodes.NO_ERROR
+        self.engine.goaway(http2.NO_ERROR)  # the streams still running may finish
         async with self._send_lock:
-            await self._send_raw(self.h2.data_to_send() + goaway.serialize())
+            await self._send_raw(self.engine.data_to_send())
         self._maybe_close()
 
     def _maybe_close(self) -> None:
@@ -520,7 +472,7 @@ class Connection:
             if guard.abuse is not None:
                 await self._calm(guard.abuse)
                 return
-            if cuts:  # a chunk of many frames: h2 gets it in slices, other tasks run in between
+            if cuts:  # a chunk of many frames: the engine gets it in slices, other tasks run in between
                 start = 0
                 for cut in [*cuts, len(data)]:
                     if not await self._receive(data[start:cut]):
@@ -530,16 +482,17 @@ class Connection:
                 return
 
     async def _receive(self, data: bytes | bytearray) -> bool:
-        """Feed one slice to h2 and act on its events; False once the connection must end."""
+        """Feed one slice to the engine and act on its events; False once the connection must end."""
         try:
-            events = self.h2.receive_data(data)
-        except h2.exceptions.ProtocolError as e:
+            events = self.engine.receive_data(data)
+        except http2.ProtocolError as e:
             log.debug("HTTP/2 protocol error from peer: %s", e)
             await self._flush()
-            self._broken = True  # h2 already queued (and we sent) its GOAWAY
+            self._broken = True  # the engine already queued (and we sent) its GOAWAY
             return False
+        handle = self._handle
         for event in events:
-            self._handle(event)
+            handle(event)
         if self.abuse is not None:
             await self._calm(self.abuse)
             return False
@@ -550,12 +503,9 @@ class Connection:
         """GOAWAY ENHANCE_YOUR_CALM with ``reason`` as debug data; the connection then closes."""
         log.warning("gRPC client abuse (%s): GOAWAY ENHANCE_YOUR_CALM", reason)
         self.abuse = reason
-        goaway = GoAwayFrame(0)
-        goaway.last_stream_id = self.h2.highest_inbound_stream_id
-        goaway.error_code = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
-        goaway.additional_data = reason.encode("ascii")
+        self.engine.goaway(http2.ENHANCE_YOUR_CALM, reason.encode("ascii"))
         async with self._send_lock:
-            await self._send_raw(self.h2.data_to_send() + goaway.serialize())
+            await self._send_raw(self.engine.data_to_send())
         self._broken = True  # nothing more is sent
 
     async def _linger(self) -> None:
@@ -575,39 +525,44 @@ class Connection:
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
 
-    def _handle(self, event: h2.events.Event) -> None:
-        if isinstance(event, h2.events.DataReceived):
-            call = self.calls.get(event.stream_id)
+    def _handle(self, event: tuple[Any, ...]) -> None:
+        kind = event[0]
+        if kind == http2.DATA:
+            _, stream_id, data, flow, ended = event
+            call = self.calls.get(stream_id)
             if call is not None:
-                call._on_data(event.data, event.flow_controlled_length)
+                if data or flow:
+                    call._on_data(data, flow)
+                if ended:
+                    call._on_end()
             else:
-                self._ack(event.flow_controlled_length, event.stream_id)
-        elif isinstance(event, h2.events.RequestReceived):
-            self._open_call(event)
-        elif isinstance(event, h2.events.StreamEnded):
-            call = self.calls.get(event.stream_id)
+                self._ack(flow, stream_id)
+        elif kind == http2.REQUEST:
+            self._open_call(event[1], event[2], event[3])
+        elif kind == http2.TRAILERS:
+            call = self.calls.get(event[1])
             if call is not None:
                 call._on_end()
-        elif isinstance(event, h2.events.StreamReset):
-            call = self.calls.get(event.stream_id)
+        elif kind == http2.RESET:
+            call = self.calls.get(event[1])
             if call is not None:
                 call._on_reset()
-        elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
+        elif kind == http2.WINDOW:
             self._window_event.set()
             self._window_event = trio.Event()
-        elif isinstance(event, h2.events.PingReceived):
+        elif kind == http2.PING:
             if self._sends != self._sends_at_ping:
                 self._sends_at_ping = self._sends
                 self._pings.reset()
             if self._pings.received_ping(self._last_received, not self.calls):
                 self.abuse = h2_guard.TOO_MANY_PINGS
-        elif isinstance(event, h2.events.PingAckReceived):
-            if event.ping_data == _KEEPALIVE_PING:
+        elif kind == http2.PING_ACK:
+            if event[1] == _KEEPALIVE_PING:
                 self._ping_sent_at = None
-        elif isinstance(event, h2.events.ConnectionTerminated):
+        elif kind == http2.GOAWAY:
             self._drain.set()
-            if event.error_code != h2.errors.ErrorCodes.NO_ERROR:
-                for call in self.calls.values():
+            if event[1] != http2.NO_ERROR:
+                for call in list(self.calls.values()):
                     call._on_reset()
 
     # ---- budgets and timers ---------------------------------------------------------------
@@ -707,28 +662,22 @@ class Connection:
             return now + config.keepalive_time  # gRPC core sends no more until data goes out
         self._keepalives_without_data += 1
         self._ping_sent_at = now
-        try:
-            self.h2.ping(_KEEPALIVE_PING)
-        except h2.exceptions.ProtocolError:
-            return math.inf
+        self.engine.ping(_KEEPALIVE_PING)
         await self._flush()
         return now + config.keepalive_timeout
 
     # ---- calls ----------------------------------------------------------------------------
 
-    def _open_call(self, event: h2.events.RequestReceived) -> None:
-        stream_id = event.stream_id
+    def _open_call(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]], ended: bool) -> None:
         if self._draining:
-            self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            self.engine.reset_stream(stream_id, http2.REFUSED_STREAM)
             return
         if len(self.calls) >= self.config.max_concurrent_streams:
-            # RFC 9113 §5.1.2: a stream error; h2 decoded the block, so HPACK stays in step
-            self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            # RFC 9113 §5.1.2: a stream error; the engine decoded the block, so HPACK stays in step
+            self.engine.reset_stream(stream_id, http2.REFUSED_STREAM)
             if not self.guard.stream_refused(self._last_received):
                 self.abuse = self.guard.abuse
             return
-        headers = event.headers
-        ended = event.stream_ended is not None
         size = 0
         for key, value in headers:
             size += len(key) + len(value) + 32
@@ -785,7 +734,7 @@ class Connection:
                    (b"grpc-message", framing.encode_grpc_message(message).encode("ascii"))]
         if status == GRPC_UNIMPLEMENTED:
             headers.append((b"grpc-accept-encoding", framing.ACCEPT_ENCODING.encode()))
-        self.h2.send_headers(stream_id, headers, end_stream=True)
+        self.engine.send_headers(stream_id, headers, end_stream=True)
         self._sends += 1
         if not ended:
             self._reset_quietly(stream_id)
@@ -793,8 +742,8 @@ class Connection:
     def _reset_quietly(self, stream_id: int) -> None:
         """RST_STREAM(NO_ERROR) after our trailers, unless the client already finished its side."""
         try:
-            self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
-        except h2.exceptions.ProtocolError:
+            self.engine.reset_stream(stream_id, http2.NO_ERROR)
+        except http2.StreamClosedError:
             pass
 
     async def _run_call(self, call: Call, method: Method) -> None:
@@ -804,8 +753,8 @@ class Connection:
             if status is None or call.reset:
                 return
             try:
-                self.h2.send_headers(call.stream_id, call._trailers(status, message), end_stream=True)
-            except h2.exceptions.ProtocolError:
+                self.engine.send_headers(call.stream_id, call._trailers(status, message), end_stream=True)
+            except http2.StreamClosedError:
                 return  # the stream was closed under us
             self._sends += 1
             self.guard.call_completed()
@@ -844,19 +793,19 @@ class Connection:
 
     def _ack(self, size: int, stream_id: int) -> None:
         if size:
-            self.h2.acknowledge_received_data(size, stream_id)
+            self.engine.acknowledge_received_data(size, stream_id)
 
     def _send_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
         try:
-            self.h2.send_headers(stream_id, headers)
-        except h2.exceptions.ProtocolError:
+            self.engine.send_headers(stream_id, headers)
+        except http2.StreamClosedError:
             raise _StreamGone() from None
         self._sends += 1
 
     async def _send_data(self, call: Call, data: bytes, flush: bool) -> None:
         view = memoryview(data)
         pos, end = 0, len(view)
-        h2c = self.h2
+        h2c = self.engine
         frames = 0
         while pos < end:
             if call.reset:
@@ -870,7 +819,7 @@ class Connection:
                     pos += n
                     window -= n
                     frames += 1
-            except h2.exceptions.ProtocolError:
+            except http2.StreamClosedError:
                 raise _StreamGone() from None
             finally:
                 if frames:
@@ -880,15 +829,19 @@ class Connection:
             if pos < end:
                 waiter = self._window_event
                 await self._flush()
-                if h2c.local_flow_control_window(call.stream_id) <= 0:
+                try:
+                    window = h2c.local_flow_control_window(call.stream_id)
+                except http2.StreamClosedError:
+                    raise _StreamGone() from None
+                if window <= 0:
                     await waiter.wait()
         if flush:
             await self._flush()
 
     async def _flush(self) -> None:
-        """Write whatever h2 has queued. On a broken connection, cancels every call."""
+        """Write whatever the engine has queued. On a broken connection, cancels every call."""
         async with self._send_lock:
-            data = self.h2.data_to_send()
+            data = self.engine.data_to_send()
             if data:
                 await self._send_raw(data)
 

@@ -1,0 +1,967 @@
+"""The server side of HTTP/2 (RFC 9113) as gRPC needs it, sans-IO: bytes in, events and bytes out.
+
+:class:`H2Server` is a pure state machine. :meth:`H2Server.receive_data` takes one chunk of
+the client's byte stream and returns the events it completed; everything the server must send
+(SETTINGS, ACKs, WINDOW_UPDATEs, RST_STREAMs, GOAWAY, responses) accumulates in one buffer that
+:meth:`H2Server.data_to_send` hands out, so the transport writes once per loop pass.
+
+Events are tuples whose first item is the kind:
+
+* ``(REQUEST, stream_id, headers, end_stream)``: a new stream's request header block, decoded
+  and validated (RFC 9113 §8.2, §8.3); ``headers`` is a tuple of ``(name, value)`` bytes pairs,
+  shared with the decode cache (never mutate it);
+* ``(DATA, stream_id, data, flow_length, end_stream)``: payload bytes of an open stream, a
+  ``memoryview`` slice of the chunk passed in (or ``bytes``) -- a large DATA frame spread over
+  several chunks comes out as several events, never accumulated; ``flow_length`` (padding
+  included) is what the consumer passes to :meth:`H2Server.acknowledge_received_data` once it
+  has taken the bytes;
+* ``(TRAILERS, stream_id, headers)``: the request's trailers; the stream's remote side ended;
+* ``(RESET, stream_id, error_code)``: the client reset the stream, or the stream failed with a
+  stream error (§5.4.2; the RST_STREAM is queued already);
+* ``(WINDOW, stream_id)``: send window grew (``stream_id`` 0: the connection's, or a SETTINGS
+  change of INITIAL_WINDOW_SIZE / MAX_FRAME_SIZE);
+* ``(PING, data)`` (already acknowledged), ``(PING_ACK, data)``;
+* ``(GOAWAY, error_code, last_stream_id, debug_data)``.
+
+Connection errors (§5.4.1) queue a GOAWAY with the error code and raise :class:`ProtocolError`;
+the connection is then dead (later input is ignored). Stream errors queue a RST_STREAM and,
+for a stream the consumer knows, give a RESET event.
+
+HPACK (RFC 7541) is the ``hpack`` library's, with two caches: decoded (and validated) request
+header blocks keyed by the block's bytes, and encoded response blocks keyed by the header
+tuple. An entry is only made for a block that leaves its HPACK table unchanged (only indexed
+fields and literals without indexing: no incremental indexing, no table size update, as
+:func:`table_neutral` reads it), and a cache is cleared whenever its table changes (a block
+that changes it, or for the encoder a new SETTINGS_HEADER_TABLE_SIZE), so a cached result is
+always exactly what decoding or encoding would give. Both caches are bounded in entries and in
+the size of what they hold.
+
+Every count and size the client controls is bounded: header blocks (``max_header_block``
+compressed bytes, ``max_header_list_hard`` decoded), open streams (``max_open_streams``; past it
+REFUSED_STREAM), the memory of streams reset (a bounded set), buffered partial frames (one frame,
+at most ``max_frame_size``). Control-frame floods are counted by the transport's
+:class:`~trident.protocol.h2_guard.FrameGuard`.
+
+Nothing here does I/O, reads a clock or imports trident's server layers.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import hpack
+from hpack.exceptions import HPACKError, OversizedHeaderListError
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+# frame types (§6) and flags
+DATA_FRAME, HEADERS_FRAME, PRIORITY_FRAME, RST_STREAM_FRAME, SETTINGS_FRAME = 0, 1, 2, 3, 4
+PUSH_PROMISE_FRAME, PING_FRAME, GOAWAY_FRAME, WINDOW_UPDATE_FRAME, CONTINUATION_FRAME = 5, 6, 7, 8, 9
+FLAG_END_STREAM = 0x1
+FLAG_ACK = 0x1
+FLAG_END_HEADERS = 0x4
+FLAG_PADDED = 0x8
+FLAG_PRIORITY = 0x20
+
+# error codes (§7)
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, SETTINGS_TIMEOUT = 0, 1, 2, 3, 4
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 5, 6, 7, 8, 9
+CONNECT_ERROR, ENHANCE_YOUR_CALM, INADEQUATE_SECURITY, HTTP_1_1_REQUIRED = 10, 11, 12, 13
+
+# settings (§6.5.2)
+HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE = 1, 2, 3, 4
+MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE, ENABLE_CONNECT_PROTOCOL = 5, 6, 8
+
+# event kinds
+REQUEST, DATA, TRAILERS, RESET, WINDOW, PING, PING_ACK, GOAWAY = range(1, 9)
+
+MAX_WINDOW = 2**31 - 1
+DEFAULT_WINDOW = 65535
+MIN_FRAME_SIZE = 16384
+MAX_FRAME_SIZE_LIMIT = 2**24 - 1
+
+_HEADER = struct.Struct(">HBBBL")  # 24-bit length as H+B, type, flags, stream id
+_SETTING = struct.Struct(">HL")
+_U32 = struct.Struct(">L")
+_GOAWAY = struct.Struct(">LL")
+
+_CONNECTION_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
+                                 b"upgrade"})
+_REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
+_BAD_NAME = re.compile(rb"[\x00-\x20A-Z\x7f-\xff]")
+_BAD_VALUE = re.compile(rb"[\x00\r\n]")
+
+_RESET_MEMORY = 4096  # streams reset (by either side) whose late frames are dropped quietly
+_DECODE_CACHE_ENTRIES = 64
+_DECODE_CACHE_BLOCK = 8192  # blocks larger than this are not cached
+_DECODE_CACHE_LIST = 64 * 1024  # nor are header lists larger than this (RFC 9113 §6.5.2 size)
+_ENCODE_CACHE_ENTRIES = 32
+
+
+class ProtocolError(Exception):
+    """A connection error (RFC 9113 §5.4.1): a GOAWAY with ``error_code`` is queued already."""
+
+    def __init__(self, error_code: int, message: str) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+        self.message = message
+
+
+class StreamClosedError(Exception):
+    """A send on a stream that is not open for sending (reset, ended, or never opened)."""
+
+
+class FlowControlError(Exception):
+    """A DATA send larger than the flow-control window (the caller checks the window first)."""
+
+
+class _Stream:
+    __slots__ = ("stream_id", "send_window", "recv_window", "recv_processed", "remote_ended", "local_ended")
+
+    def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
+        self.stream_id = stream_id
+        self.send_window = send_window
+        self.recv_window = recv_window
+        self.recv_processed = 0  # bytes acknowledged by the consumer, not yet given back
+        self.remote_ended = False
+        self.local_ended = False
+
+
+def _read_int(block: bytes, pos: int, prefix: int) -> tuple[int, int]:
+    """An HPACK integer (RFC 7541 §5.1) at ``pos`` with an N-bit prefix: (value, next position);
+    position -1 when it runs past the end or beyond 2**32."""
+    mask = (1 << prefix) - 1
+    value = block[pos] & mask
+    pos += 1
+    if value < mask:
+        return value, pos
+    shift = 0
+    end = len(block)
+    while pos < end:
+        byte = block[pos]
+        pos += 1
+        value += (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 28:
+            break
+    return 0, -1
+
+
+def table_neutral(block: bytes) -> bool:
+    """Whether an HPACK block (RFC 7541 §6) leaves the dynamic table as it was: it holds only
+    indexed fields (§6.1) and literals without indexing or never indexed (§6.2.2, §6.2.3), no
+    literal with incremental indexing (§6.2.1) and no dynamic table size update (§6.3).
+    A malformed block is not neutral."""
+    pos, end = 0, len(block)
+    while pos < end:
+        first = block[pos]
+        if first & 0x80:
+            _, pos = _read_int(block, pos, 7)
+        elif first & 0xE0:  # 01xxxxxx incremental indexing, 001xxxxx size update
+            return False
+        else:
+            index, pos = _read_int(block, pos, 4)
+            if pos >= 0 and index == 0:
+                pos = _skip_string(block, pos)
+            if pos >= 0:
+                pos = _skip_string(block, pos)
+        if pos < 0:
+            return False
+    return pos == end
+
+
+def _skip_string(block: bytes, pos: int) -> int:
+    if pos >= len(block):
+        return -1
+    length, pos = _read_int(block, pos, 7)
+    if pos < 0 or pos + length > len(block):
+        return -1
+    return pos + length
+
+
+def validate_request_headers(headers: Sequence[tuple[bytes, bytes]]) -> str | None:
+    """What is wrong with a request header list (RFC 9113 §8.2, §8.3.1), None when it is valid.
+
+    The checks h2 makes: names non-empty, lowercase, without control characters, spaces or a
+    colon past the first character; values without NUL/CR/LF or surrounding whitespace; no
+    connection-specific fields, TE only ``trailers``; pseudo-header fields first, known, not
+    repeated, ``:method``, ``:scheme`` and a non-empty ``:path`` present (CONNECT is not
+    served); ``:authority`` or ``host`` present and equal when both are."""
+    error = _check_fields(headers)
+    if error is not None:
+        return error
+    seen: set[bytes] = set()
+    regular = False
+    authority = host = None
+    for name, value in headers:
+        if name[0] == 0x3A:  # ':'
+            if regular:
+                return f"pseudo-header field {name!r} after a regular field"
+            if name in seen:
+                return f"duplicate pseudo-header field {name!r}"
+            if name not in _REQUEST_PSEUDO:
+                return f"pseudo-header field {name!r} not allowed in a request"
+            seen.add(name)
+            if name == b":authority":
+                authority = value
+            elif name == b":path" and not value:
+                return "empty :path"
+        else:
+            regular = True
+            if name == b"host":
+                host = value
+    for name in (b":method", b":scheme", b":path"):
+        if name not in seen:
+            return f"request without {name.decode()}"
+    if authority is None and host is None:
+        return "request without :authority or host"
+    if authority is not None and host is not None and authority != host:
+        return "request :authority and host differ"
+    return None
+
+
+def validate_trailers(headers: Sequence[tuple[bytes, bytes]]) -> str | None:
+    """What is wrong with a trailer list (RFC 9113 §8.1: no pseudo-header fields), None if valid."""
+    error = _check_fields(headers)
+    if error is not None:
+        return error
+    for name, _ in headers:
+        if name[0] == 0x3A:
+            return f"pseudo-header field {name!r} in trailers"
+    return None
+
+
+def _check_fields(headers: Sequence[tuple[bytes, bytes]]) -> str | None:
+    for name, value in headers:
+        if not name:
+            return "empty header name"
+        if _BAD_NAME.search(name) is not None or name.find(b":", 1) != -1:
+            return f"invalid header name {name!r}"
+        if value and (_BAD_VALUE.search(value) is not None or value[0] in (0x20, 0x09)
+                      or value[-1] in (0x20, 0x09)):
+            return f"invalid value of header {name!r}"
+        if name in _CONNECTION_HEADERS:
+            return f"connection-specific header {name!r}"
+        if name == b"te" and value.lower() != b"trailers":
+            return f"invalid TE header {value!r}"
+    return None
+
+
+def frame_header(length: int, kind: int, flags: int, stream_id: int) -> bytes:
+    """The 9-byte frame header (RFC 9113 §4.1)."""
+    return _HEADER.pack(length >> 8, length & 0xFF, kind, flags, stream_id)
+
+
+class H2Server:
+    """One server-side HTTP/2 connection (see the module docstring).
+
+    ``max_header_list_size`` and ``max_concurrent_streams`` are advertised (the consumer applies
+    them as stream errors); ``max_header_list_hard`` bounds a decoded header list (beyond it:
+    GOAWAY ENHANCE_YOUR_CALM), ``max_header_block`` a compressed block (HEADERS + CONTINUATION;
+    beyond it: GOAWAY ENHANCE_YOUR_CALM), ``max_open_streams`` the streams open at once (beyond
+    it: RST_STREAM REFUSED_STREAM). ``connection_window``: the receive window of the connection,
+    announced with the first SETTINGS.
+    """
+
+    def __init__(self, *, max_concurrent_streams: int = 100, initial_window_size: int = DEFAULT_WINDOW,
+                 max_frame_size: int = MIN_FRAME_SIZE, max_header_list_size: int = 64 * 1024,
+                 max_header_list_hard: int = 1024 * 1024, max_header_block: int = 256 * 1024,
+                 max_open_streams: int = 1 << 16, connection_window: int = MAX_WINDOW) -> None:
+        if not MIN_FRAME_SIZE <= max_frame_size <= MAX_FRAME_SIZE_LIMIT:
+            raise ValueError(f"max_frame_size {max_frame_size} outside [{MIN_FRAME_SIZE}, {MAX_FRAME_SIZE_LIMIT}]")
+        if not 0 <= initial_window_size <= MAX_WINDOW or not DEFAULT_WINDOW <= connection_window <= MAX_WINDOW:
+            raise ValueError("window size out of range")
+        self.max_concurrent_streams = max_concurrent_streams
+        self.local_initial_window = initial_window_size
+        self.max_inbound_frame_size = max_frame_size
+        self.max_header_list_size = max_header_list_size
+        self.max_header_block = max_header_block
+        self.max_open_streams = max_open_streams
+        self._connection_window = connection_window
+        #: the peer's SETTINGS_MAX_FRAME_SIZE: the largest DATA payload to send in one frame
+        self.max_outbound_frame_size = MIN_FRAME_SIZE
+        self.remote_initial_window = DEFAULT_WINDOW
+        #: the highest stream id the client opened
+        self.highest_inbound_stream_id = 0
+        self.streams: dict[int, _Stream] = {}
+        self.closed = False  # a connection error happened, or we sent GOAWAY for one
+        self.goaway_received = False
+        self._out = bytearray()
+        self._in = bytearray()  # a partial frame (header, or a frame that is not DATA)
+        self._preface = 0  # preface bytes matched so far (len(PREFACE): done)
+        self._settings_seen = False
+        self._send_window = DEFAULT_WINDOW  # connection send window
+        self._recv_window = connection_window  # connection receive window
+        self._recv_processed = 0
+        # a DATA frame in progress across chunks
+        self._data_left = 0  # payload bytes (padding excluded) still to come
+        self._pad_left = 0
+        self._data_stream: _Stream | None = None  # None: dropped (closed stream)
+        self._data_end = False
+        # a header block in progress: (stream id, flags of the HEADERS frame, fragments, size)
+        self._block_stream = 0
+        self._block_flags = 0
+        self._block_parts: list[bytes] = []
+        self._block_size = 0
+        self._block_self_dependent = False
+        self._reset: set[int] = set()
+        self._reset_order: deque[int] = deque()
+        self._decoder = hpack.Decoder(max_header_list_size=max_header_list_hard)
+        self._encoder = hpack.Encoder()
+        self._decode_cache: dict[bytes, tuple[tuple[tuple[bytes, bytes], ...], str | None]] = {}
+        self._encode_cache: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
+        #: decode cache statistics (hits, misses), for tests and benchmarks
+        self.cache_hits = 0
+        self.cache_misses = 0
+
+    # ---- handshake ------------------------------------------------------------------------
+
+    def initiate_connection(self) -> None:
+        """Queue the server preface: SETTINGS (our limits) and the connection WINDOW_UPDATE."""
+        payload = b"".join(_SETTING.pack(k, v) for k, v in (
+            (MAX_CONCURRENT_STREAMS, self.max_concurrent_streams),
+            (INITIAL_WINDOW_SIZE, self.local_initial_window),
+            (MAX_FRAME_SIZE, self.max_inbound_frame_size),
+            (MAX_HEADER_LIST_SIZE, self.max_header_list_size),
+            (ENABLE_PUSH, 0),
+        ))
+        out = self._out
+        out += frame_header(len(payload), SETTINGS_FRAME, 0, 0)
+        out += payload
+        if self._connection_window > DEFAULT_WINDOW:
+            out += frame_header(4, WINDOW_UPDATE_FRAME, 0, 0)
+            out += _U32.pack(self._connection_window - DEFAULT_WINDOW)
+
+    def data_to_send(self) -> bytes:
+        """Everything queued for the client since the last call (b"" when nothing)."""
+        if not self._out:
+            return b""
+        data = bytes(self._out)
+        self._out.clear()
+        return data
+
+    # ---- receiving ------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[Any]:
+        """Consume one chunk of the client's bytes; returns the events it completed.
+
+        Raises ProtocolError on a connection error (its GOAWAY queued; the connection is then
+        closed and later input is ignored)."""
+        if self.closed:
+            return []
+        events: list[Any] = []
+        try:
+            self._receive(data, events)
+        except ProtocolError:
+            self.closed = True
+            raise
+        return events
+
+    def _receive(self, data: bytes | bytearray | memoryview, events: list[Any]) -> None:
+        if self._preface < len(PREFACE):
+            need = len(PREFACE) - self._preface
+            head = bytes(data[:need])
+            if head != PREFACE[self._preface : self._preface + len(head)]:
+                self._connection_error(PROTOCOL_ERROR, "invalid HTTP/2 connection preface")
+            self._preface += len(head)
+            data = data[len(head):]
+            if self._preface < len(PREFACE):
+                return
+        owned = isinstance(data, bytes)
+        view = data if isinstance(data, memoryview) else memoryview(data)
+        end = len(view)
+        pos = 0
+        if end and (self._data_left or self._pad_left):
+            pos = self._continue_data(view, 0, events, owned)
+        while self._in:  # complete the frame (or frame header) that an earlier chunk began
+            need = self._pending_need()
+            if need:
+                take = min(need, end - pos)
+                self._in += view[pos : pos + take]
+                pos += take
+                if take < need:
+                    return
+                if self._pending_need():  # the header is whole now; the frame is not yet
+                    continue
+            buf = bytes(self._in)
+            self._in.clear()
+            self._frames(memoryview(buf), 0, events, owned=True)
+        if pos < end:
+            self._frames(view, pos, events, owned)
+
+    def _pending_need(self) -> int:
+        """Bytes still missing from the partial unit in ``_in``: a frame header, a whole frame
+        that is not DATA, or a padded DATA frame's header and pad length (DATA streams)."""
+        buf = self._in
+        if len(buf) < 9:
+            return 9 - len(buf)
+        if buf[3] == DATA_FRAME:
+            return max(0, 10 - len(buf)) if buf[4] & FLAG_PADDED and (buf[0] or buf[1] or buf[2]) else 0
+        length = (buf[0] << 16) | (buf[1] << 8) | buf[2]
+        return 9 + length - len(buf)
+
+    def _continue_data(self, view: memoryview, pos: int, events: list[Any], owned: bool) -> int:
+        """Pass on the rest of a DATA frame that began in an earlier chunk."""
+        end = len(view)
+        stream = self._data_stream
+        take = min(self._data_left, end - pos)
+        flow = take
+        self._data_left -= take
+        chunk = view[pos : pos + take]
+        pos += take
+        if not self._data_left and self._pad_left:
+            pad = min(self._pad_left, end - pos)
+            self._pad_left -= pad
+            flow += pad
+            pos += pad
+        done = not self._data_left and not self._pad_left
+        if stream is None:
+            self._auto_ack(flow)
+        elif take or flow:
+            ended = done and self._data_end
+            events.append((DATA, stream.stream_id, chunk if owned else bytes(chunk), flow, ended))
+            if ended:
+                self._remote_end(stream)
+        elif done and self._data_end:
+            events.append((DATA, stream.stream_id, b"", 0, True))
+            self._remote_end(stream)
+        return pos
+
+    def _frames(self, view: memoryview, pos: int, events: list[Any], owned: bool) -> int:
+        """Parse whole frames from ``view[pos:]``; a partial one is kept (DATA streams)."""
+        end = len(view)
+        unpack = _HEADER.unpack_from
+        max_size = self.max_inbound_frame_size
+        while pos < end:
+            if self._data_left or self._pad_left:
+                pos = self._continue_data(view, pos, events, owned)
+                continue
+            if end - pos < 9:
+                self._in += view[pos:end]
+                return end
+            hi, lo, kind, flags, stream_id = unpack(view, pos)
+            length = (hi << 8) | lo
+            stream_id &= 0x7FFFFFFF
+            if length > max_size:
+                self._connection_error(FRAME_SIZE_ERROR, f"frame of {length} bytes exceeds SETTINGS_MAX_FRAME_SIZE")
+            if not self._settings_seen:
+                if kind != SETTINGS_FRAME or flags & FLAG_ACK:
+                    self._connection_error(PROTOCOL_ERROR, "the client's first frame is not SETTINGS")
+            if self._block_stream and kind != CONTINUATION_FRAME:
+                self._connection_error(PROTOCOL_ERROR, "header block interrupted by another frame")
+            start = pos + 9
+            if kind == DATA_FRAME:
+                pos = self._data_frame(view, start, length, flags, stream_id, events, owned)
+                continue
+            if end - start < length:
+                self._in += view[pos:end]
+                return end
+            payload = view[start : start + length]
+            pos = start + length
+            if kind == HEADERS_FRAME:
+                self._headers_frame(payload, flags, stream_id, events)
+            elif kind == CONTINUATION_FRAME:
+                self._continuation_frame(payload, flags, stream_id, events)
+            elif kind == SETTINGS_FRAME:
+                self._settings_frame(payload, flags, stream_id, events)
+            elif kind == WINDOW_UPDATE_FRAME:
+                self._window_update_frame(payload, stream_id, events)
+            elif kind == PING_FRAME:
+                self._ping_frame(payload, flags, stream_id, events)
+            elif kind == RST_STREAM_FRAME:
+                self._rst_stream_frame(payload, stream_id, events)
+            elif kind == PRIORITY_FRAME:
+                self._priority_frame(payload, stream_id)
+            elif kind == GOAWAY_FRAME:
+                self._goaway_frame(payload, stream_id, events)
+            elif kind == PUSH_PROMISE_FRAME:
+                self._connection_error(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+            # unknown frame types are ignored (§4.1, §5.5)
+        return pos
+
+    # ---- DATA -----------------------------------------------------------------------------
+
+    def _data_frame(self, view: memoryview, start: int, length: int, flags: int, stream_id: int,
+                    events: list[Any], owned: bool) -> int:
+        end = len(view)
+        if stream_id == 0:
+            self._connection_error(PROTOCOL_ERROR, "DATA on stream 0")
+        pad = 0
+        body = start
+        if flags & FLAG_PADDED:
+            if end - start < 1:  # the pad length has not arrived: keep the header
+                self._in += view[start - 9 : end]
+                return end
+            pad = view[start]
+            body = start + 1
+            if pad >= length:
+                self._connection_error(PROTOCOL_ERROR, "DATA padding exceeds the payload")
+        data_length = length - pad - (body - start)
+        # flow control (§6.9): the whole payload counts
+        if length > self._recv_window:
+            self._connection_error(FLOW_CONTROL_ERROR, "DATA exceeds the connection's flow-control window")
+        self._recv_window -= length
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.remote_ended:
+            if stream is None and stream_id > self.highest_inbound_stream_id:
+                self._connection_error(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+            if stream is not None:  # half-closed (remote): §5.1
+                self._stream_error(stream_id, STREAM_CLOSED, events)
+            elif stream_id not in self._reset:
+                self._send_rst(stream_id, STREAM_CLOSED)
+            target = None
+        elif length > stream.recv_window:
+            self._stream_error(stream_id, FLOW_CONTROL_ERROR, events)
+            target = None
+        else:
+            stream.recv_window -= length
+            target = stream
+        ended = bool(flags & FLAG_END_STREAM)
+        have = end - body
+        if have >= data_length + pad:  # the whole frame is here
+            pos = body + data_length + pad
+            if target is None:
+                self._auto_ack(length)
+            else:
+                chunk = view[body : body + data_length] if owned else bytes(view[body : body + data_length])
+                events.append((DATA, stream_id, chunk, length, ended))
+                if ended:
+                    self._remote_end(target)
+            return pos
+        # the frame goes on in later chunks: pass on what is here now
+        take = have
+        self._data_left = data_length - take
+        self._pad_left = pad
+        self._data_stream = target
+        self._data_end = ended
+        flow = take + (body - start)
+        if target is None:
+            self._auto_ack(flow)
+        elif take or flow:
+            chunk = view[body:end] if owned else bytes(view[body:end])
+            events.append((DATA, stream_id, chunk, flow, False))
+        return end
+
+    def _auto_ack(self, size: int) -> None:
+        """Give back the connection window of DATA dropped here (its stream is gone)."""
+        if size:
+            self._ack_connection(size)
+
+    def acknowledge_received_data(self, size: int, stream_id: int) -> None:
+        """The consumer took ``size`` flow-controlled bytes of ``stream_id``: widen the windows
+        again (WINDOW_UPDATE once half a window is used, as h2 does)."""
+        if size <= 0:
+            return
+        self._ack_connection(size)
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.remote_ended:
+            return
+        processed = stream.recv_processed + size
+        limit = self.local_initial_window
+        if processed >= limit // 2 or (stream.recv_window == 0 and processed > min(1024, limit // 4)):
+            increment = min(processed, limit - stream.recv_window)
+            stream.recv_processed = 0
+            if increment > 0:
+                stream.recv_window += increment
+                self._out += frame_header(4, WINDOW_UPDATE_FRAME, 0, stream_id)
+                self._out += _U32.pack(increment)
+        else:
+            stream.recv_processed = processed
+
+    def _ack_connection(self, size: int) -> None:
+        processed = self._recv_processed + size
+        limit = self._connection_window
+        if processed >= limit // 2 or (self._recv_window == 0 and processed > min(1024, limit // 4)):
+            increment = min(processed, limit - self._recv_window)
+            self._recv_processed = 0
+            if increment > 0:
+                self._recv_window += increment
+                self._out += frame_header(4, WINDOW_UPDATE_FRAME, 0, 0)
+                self._out += _U32.pack(increment)
+        else:
+            self._recv_processed = processed
+
+    # ---- HEADERS and CONTINUATION ---------------------------------------------------------
+
+    def _headers_frame(self, payload: memoryview, flags: int, stream_id: int, events: list[Any]) -> None:
+        if stream_id == 0:
+            self._connection_error(PROTOCOL_ERROR, "HEADERS on stream 0")
+        pos, end = 0, len(payload)
+        if flags & FLAG_PADDED:
+            if end < 1:
+                self._connection_error(FRAME_SIZE_ERROR, "padded HEADERS without a pad length")
+            pad = payload[0]
+            pos = 1
+            end -= pad
+            if end < pos:
+                self._connection_error(PROTOCOL_ERROR, "HEADERS padding exceeds the payload")
+        if flags & FLAG_PRIORITY:
+            if end - pos < 5:
+                self._connection_error(FRAME_SIZE_ERROR, "HEADERS too short for its priority fields")
+            pos += 5
+        fragment = bytes(payload[pos:end])
+        if len(fragment) > self.max_header_block:
+            self._connection_error(ENHANCE_YOUR_CALM, "header_block_too_large")
+        self_dependent = bool(flags & FLAG_PRIORITY) and self._depends_on_self(
+            payload, 1 if flags & FLAG_PADDED else 0, stream_id)
+        if flags & FLAG_END_HEADERS:
+            self._header_block(stream_id, flags, fragment, events, self_dependent)
+        else:
+            self._block_self_dependent = self_dependent
+            self._block_stream = stream_id
+            self._block_flags = flags
+            self._block_parts = [fragment]
+            self._block_size = len(fragment)
+
+    @staticmethod
+    def _depends_on_self(payload: memoryview, pos: int, stream_id: int) -> bool:
+        return bool((_U32.unpack_from(payload, pos)[0] & 0x7FFFFFFF) == stream_id)
+
+    def _continuation_frame(self, payload: memoryview, flags: int, stream_id: int, events: list[Any]) -> None:
+        if not self._block_stream or stream_id != self._block_stream:
+            self._connection_error(PROTOCOL_ERROR, "CONTINUATION without a header block in progress on its stream")
+        self._block_size += len(payload)
+        if self._block_size > self.max_header_block:
+            self._connection_error(ENHANCE_YOUR_CALM, "header_block_too_large")
+        self._block_parts.append(bytes(payload))
+        if flags & FLAG_END_HEADERS:
+            block = b"".join(self._block_parts)
+            self._block_parts = []
+            self._block_stream = 0
+            first = self._block_flags
+            self._header_block(stream_id, first, block, events, self._block_self_dependent)
+
+    def _decode(self, block: bytes) -> tuple[tuple[tuple[bytes, bytes], ...], str | None]:
+        """Decode a header block (cached while the table does not change); the error of its
+        request validation rides along. Raises ProtocolError for HPACK errors."""
+        cache = self._decode_cache
+        hit = cache.get(block)
+        if hit is not None:
+            self.cache_hits += 1
+            return hit
+        self.cache_misses += 1
+        try:
+            headers = tuple(self._decoder.decode(block, raw=True))
+        except OversizedHeaderListError:
+            self._connection_error(ENHANCE_YOUR_CALM, "decoded header list exceeds the limit")
+        except (HPACKError, IndexError, TypeError, ValueError) as e:
+            self._connection_error(COMPRESSION_ERROR, f"HPACK decoding failed: {e}")
+        entry = (headers, validate_request_headers(headers) if headers else "empty header block")
+        if table_neutral(block):
+            size = 0
+            for name, value in headers:
+                size += len(name) + len(value) + 32
+            if len(block) <= _DECODE_CACHE_BLOCK and size <= _DECODE_CACHE_LIST:
+                if len(cache) >= _DECODE_CACHE_ENTRIES:
+                    cache.clear()
+                cache[block] = entry
+        else:
+            cache.clear()  # the table changed: what was cached may decode differently now
+        return entry
+
+    def _header_block(self, stream_id: int, flags: int, block: bytes, events: list[Any],
+                      self_dependent: bool) -> None:
+        entry = self._decode(block)  # always: the HPACK state must follow every block
+        headers, request_error = entry
+        ended = bool(flags & FLAG_END_STREAM)
+        stream = self.streams.get(stream_id)
+        if stream is not None:  # trailers (§8.1)
+            if stream.remote_ended:
+                self._stream_error(stream_id, STREAM_CLOSED, events)
+            elif not ended or validate_trailers(headers) is not None:
+                self._stream_error(stream_id, PROTOCOL_ERROR, events)
+            else:
+                events.append((TRAILERS, stream_id, headers))
+                self._remote_end(stream)
+            return
+        if stream_id <= self.highest_inbound_stream_id:
+            if stream_id not in self._reset:
+                self._send_rst(stream_id, STREAM_CLOSED)  # a closed stream (§5.1)
+            return
+        if not stream_id & 1:
+            self._connection_error(PROTOCOL_ERROR, f"client stream id {stream_id} is even")
+        self.highest_inbound_stream_id = stream_id
+        if self_dependent or request_error is not None:
+            self._send_rst(stream_id, PROTOCOL_ERROR)  # malformed request: a stream error (§8.1.1)
+            return
+        if len(self.streams) >= self.max_open_streams:
+            self._send_rst(stream_id, REFUSED_STREAM)
+            return
+        stream = _Stream(stream_id, self.remote_initial_window, self.local_initial_window)
+        self.streams[stream_id] = stream
+        events.append((REQUEST, stream_id, headers, ended))
+        if ended:
+            stream.remote_ended = True  # a stream never both ends here: we have not answered
+
+    def _remote_end(self, stream: _Stream) -> None:
+        stream.remote_ended = True
+        if stream.local_ended:
+            del self.streams[stream.stream_id]
+
+    # ---- control frames -------------------------------------------------------------------
+
+    def _settings_frame(self, payload: memoryview, flags: int, stream_id: int, events: list[Any]) -> None:
+        if stream_id:
+            self._connection_error(PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & FLAG_ACK:
+            if len(payload):
+                self._connection_error(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            return
+        if len(payload) % 6:
+            self._connection_error(FRAME_SIZE_ERROR, "SETTINGS length not a multiple of 6")
+        self._settings_seen = True
+        changed = False
+        for offset in range(0, len(payload), 6):
+            key, value = _SETTING.unpack_from(payload, offset)
+            if key == ENABLE_PUSH or key == ENABLE_CONNECT_PROTOCOL:
+                if value > 1:
+                    self._connection_error(PROTOCOL_ERROR, f"setting {key} must be 0 or 1")
+            elif key == INITIAL_WINDOW_SIZE:
+                if value > MAX_WINDOW:
+                    self._connection_error(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE over 2^31-1")
+                delta = value - self.remote_initial_window
+                self.remote_initial_window = value
+                if delta:
+                    for stream in self.streams.values():
+                        stream.send_window += delta
+                        if stream.send_window > MAX_WINDOW:
+                            self._connection_error(FLOW_CONTROL_ERROR, "stream window over 2^31-1")
+                    changed = True
+            elif key == MAX_FRAME_SIZE:
+                if not MIN_FRAME_SIZE <= value <= MAX_FRAME_SIZE_LIMIT:
+                    self._connection_error(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
+                if value != self.max_outbound_frame_size:
+                    self.max_outbound_frame_size = value
+                    changed = True
+            elif key == HEADER_TABLE_SIZE:
+                # the encoder's table may not exceed it; a size update goes in the next block
+                size = min(value, 1 << 16)
+                if size != self._encoder.header_table_size:
+                    self._encoder.header_table_size = size
+                    self._encode_cache.clear()
+            # MAX_CONCURRENT_STREAMS (we push nothing), MAX_HEADER_LIST_SIZE, unknown: no action
+        self._out += frame_header(0, SETTINGS_FRAME, FLAG_ACK, 0)
+        if changed:
+            events.append((WINDOW, 0))
+
+    def _window_update_frame(self, payload: memoryview, stream_id: int, events: list[Any]) -> None:
+        if len(payload) != 4:
+            self._connection_error(FRAME_SIZE_ERROR, "WINDOW_UPDATE length is not 4")
+        increment = _U32.unpack_from(payload)[0] & 0x7FFFFFFF
+        if stream_id == 0:
+            if not increment:
+                self._connection_error(PROTOCOL_ERROR, "WINDOW_UPDATE of 0 on the connection")
+            self._send_window += increment
+            if self._send_window > MAX_WINDOW:
+                self._connection_error(FLOW_CONTROL_ERROR, "connection window over 2^31-1")
+            events.append((WINDOW, 0))
+            return
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            if stream_id > self.highest_inbound_stream_id:
+                self._connection_error(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")
+            return  # closed: ignored
+        if not increment:
+            self._stream_error(stream_id, PROTOCOL_ERROR, events)
+            return
+        stream.send_window += increment
+        if stream.send_window > MAX_WINDOW:
+            self._stream_error(stream_id, FLOW_CONTROL_ERROR, events)
+            return
+        events.append((WINDOW, stream_id))
+
+    def _ping_frame(self, payload: memoryview, flags: int, stream_id: int, events: list[Any]) -> None:
+        if stream_id:
+            self._connection_error(PROTOCOL_ERROR, "PING on a stream")
+        if len(payload) != 8:
+            self._connection_error(FRAME_SIZE_ERROR, "PING length is not 8")
+        data = bytes(payload)
+        if flags & FLAG_ACK:
+            events.append((PING_ACK, data))
+        else:
+            self._out += frame_header(8, PING_FRAME, FLAG_ACK, 0)
+            self._out += data
+            events.append((PING, data))
+
+    def _rst_stream_frame(self, payload: memoryview, stream_id: int, events: list[Any]) -> None:
+        if stream_id == 0:
+            self._connection_error(PROTOCOL_ERROR, "RST_STREAM on stream 0")
+        if len(payload) != 4:
+            self._connection_error(FRAME_SIZE_ERROR, "RST_STREAM length is not 4")
+        stream = self.streams.pop(stream_id, None)
+        if stream is None:
+            if stream_id > self.highest_inbound_stream_id:
+                self._connection_error(PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
+            return
+        self._remember_reset(stream_id)
+        if self._data_stream is stream:
+            self._data_stream = None
+        events.append((RESET, stream_id, _U32.unpack_from(payload)[0]))
+
+    def _priority_frame(self, payload: memoryview, stream_id: int) -> None:
+        if stream_id == 0:
+            self._connection_error(PROTOCOL_ERROR, "PRIORITY on stream 0")
+        if len(payload) != 5:
+            self._send_rst(stream_id, FRAME_SIZE_ERROR)  # §6.3: a stream error
+        # otherwise ignored (§5.3.2); a stream depending on itself is harmless without priorities
+
+    def _goaway_frame(self, payload: memoryview, stream_id: int, events: list[Any]) -> None:
+        if stream_id:
+            self._connection_error(PROTOCOL_ERROR, "GOAWAY on a stream")
+        if len(payload) < 8:
+            self._connection_error(FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
+        last, code = _GOAWAY.unpack_from(payload)
+        self.goaway_received = True
+        events.append((GOAWAY, code, last & 0x7FFFFFFF, bytes(payload[8:])))
+
+    # ---- errors ---------------------------------------------------------------------------
+
+    def _connection_error(self, code: int, message: str) -> NoReturn:
+        """Queue GOAWAY(code) and raise ProtocolError."""
+        debug = message.encode("ascii", "replace")[:256]
+        self._out += frame_header(8 + len(debug), GOAWAY_FRAME, 0, 0)
+        self._out += _GOAWAY.pack(self.highest_inbound_stream_id, code)
+        self._out += debug
+        raise ProtocolError(code, message)
+
+    def _stream_error(self, stream_id: int, code: int, events: list[Any]) -> None:
+        """RST_STREAM(code) on an open stream, which the consumer hears of as RESET."""
+        stream = self.streams.pop(stream_id, None)
+        self._send_rst(stream_id, code)
+        if stream is not None:
+            if self._data_stream is stream:
+                self._data_stream = None
+            events.append((RESET, stream_id, code))
+
+    def _send_rst(self, stream_id: int, code: int) -> None:
+        self._out += frame_header(4, RST_STREAM_FRAME, 0, stream_id)
+        self._out += _U32.pack(code)
+        self._remember_reset(stream_id)
+
+    def _remember_reset(self, stream_id: int) -> None:
+        if stream_id in self._reset:
+            return
+        self._reset.add(stream_id)
+        order = self._reset_order
+        order.append(stream_id)
+        if len(order) > _RESET_MEMORY:
+            self._reset.discard(order.popleft())
+
+    # ---- sending --------------------------------------------------------------------------
+
+    def _open_stream(self, stream_id: int) -> _Stream:
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.local_ended:
+            raise StreamClosedError(f"stream {stream_id} is not open for sending")
+        return stream
+
+    def encode_headers(self, headers: Sequence[tuple[bytes, bytes]]) -> bytes:
+        """The HPACK block of ``headers`` (from the encode cache when that is exact: a tuple of
+        headers whose last encoding left the table unchanged)."""
+        key = headers if isinstance(headers, tuple) else None
+        if key is not None:
+            block = self._encode_cache.get(key)
+            if block is not None:
+                return block
+        block = self._encoder.encode(headers, huffman=True)
+        if table_neutral(block):
+            if key is not None:
+                cache = self._encode_cache
+                if len(cache) >= _ENCODE_CACHE_ENTRIES:
+                    cache.clear()
+                cache[key] = block
+        else:
+            self._encode_cache.clear()
+        return block
+
+    def send_headers(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]], end_stream: bool = False) -> None:
+        """Queue a HEADERS frame (response headers or trailers), with CONTINUATIONs when the
+        block exceeds the peer's frame size. Raises StreamClosedError."""
+        stream = self._open_stream(stream_id)
+        block = self.encode_headers(headers)
+        out = self._out
+        size = self.max_outbound_frame_size
+        flags = FLAG_END_STREAM if end_stream else 0
+        if len(block) <= size:
+            out += frame_header(len(block), HEADERS_FRAME, flags | FLAG_END_HEADERS, stream_id)
+            out += block
+        else:
+            out += frame_header(size, HEADERS_FRAME, flags, stream_id)
+            out += block[:size]
+            pos = size
+            while pos < len(block):
+                piece = block[pos : pos + size]
+                pos += len(piece)
+                out += frame_header(len(piece), CONTINUATION_FRAME, FLAG_END_HEADERS if pos >= len(block) else 0,
+                                    stream_id)
+                out += piece
+        if end_stream:
+            self._local_end(stream)
+
+    def send_data(self, stream_id: int, data: bytes | bytearray | memoryview, end_stream: bool = False) -> None:
+        """Queue ``data`` as DATA frames of at most the peer's frame size.
+
+        Raises StreamClosedError, FlowControlError when ``data`` exceeds the window
+        (:meth:`local_flow_control_window`)."""
+        stream = self._open_stream(stream_id)
+        size = len(data)
+        if size > stream.send_window or size > self._send_window:
+            raise FlowControlError(f"{size} bytes exceed the flow-control window")
+        stream.send_window -= size
+        self._send_window -= size
+        out = self._out
+        frame = self.max_outbound_frame_size
+        if size <= frame:
+            out += frame_header(size, DATA_FRAME, FLAG_END_STREAM if end_stream else 0, stream_id)
+            out += data
+        else:
+            view = memoryview(data)
+            pos = 0
+            while pos < size:
+                n = min(frame, size - pos)
+                last = pos + n >= size
+                out += frame_header(n, DATA_FRAME, FLAG_END_STREAM if end_stream and last else 0, stream_id)
+                out += view[pos : pos + n]
+                pos += n
+        if end_stream:
+            self._local_end(stream)
+
+    def _local_end(self, stream: _Stream) -> None:
+        stream.local_ended = True
+        if stream.remote_ended:
+            del self.streams[stream.stream_id]
+
+    def local_flow_control_window(self, stream_id: int) -> int:
+        """Bytes of DATA that may be sent on ``stream_id`` now. Raises StreamClosedError."""
+        stream = self._open_stream(stream_id)
+        window = stream.send_window
+        return window if window < self._send_window else self._send_window
+
+    def reset_stream(self, stream_id: int, error_code: int = NO_ERROR) -> None:
+        """Queue RST_STREAM and forget the stream. Raises StreamClosedError when it is closed."""
+        stream = self.streams.pop(stream_id, None)
+        if stream is None:
+            raise StreamClosedError(f"stream {stream_id} is closed")
+        if self._data_stream is stream:
+            self._data_stream = None
+        self._send_rst(stream_id, error_code)
+
+    def ping(self, data: bytes) -> None:
+        """Queue a PING with 8 bytes of ``data``."""
+        if len(data) != 8:
+            raise ValueError("PING data must be 8 bytes")
+        self._out += frame_header(8, PING_FRAME, 0, 0)
+        self._out += data
+
+    def goaway(self, error_code: int = NO_ERROR, debug_data: bytes = b"", last_stream_id: int | None = None) -> None:
+        """Queue a GOAWAY (the streams already open may still be answered)."""
+        last = self.highest_inbound_stream_id if last_stream_id is None else last_stream_id
+        self._out += frame_header(8 + len(debug_data), GOAWAY_FRAME, 0, 0)
+        self._out += _GOAWAY.pack(last, error_code)
+        self._out += debug_data
