@@ -412,6 +412,27 @@ def error_response(status: HTTPStatus, message: str) -> bytes:
     ])
 
 
+def encode_head(status: int, headers: Iterable[tuple[bytes, bytes]], content_length: int, keep_alive: bool,
+                http_version: str) -> bytes:
+    """The head of a response of ``content_length`` bytes from trusted headers (not validated).
+
+    The bytes are what :class:`ResponseFramer` writes for the same headers followed by a
+    ``content-length``: the fields in order, then ``connection`` (``close`` when not
+    ``keep_alive``, ``keep-alive`` for a kept HTTP/1.0 connection) and ``date``. Raises
+    ResponseError for a status outside 100-999.
+    """
+    out = [status_line(status)]
+    for name, value in headers:
+        out += (name, b": ", value, b"\r\n")
+    out.append(b"content-length: %d\r\n" % content_length)
+    if not keep_alive:
+        out.append(b"connection: close\r\n")
+    elif http_version == "1.0":
+        out.append(b"connection: keep-alive\r\n")
+    out += (b"date: ", http_date(), b"\r\n\r\n")
+    return b"".join(out)
+
+
 class ResponseFramer:
     """Serializes one response to the request ``head`` (sans-IO).
 

@@ -217,7 +217,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
         async def read_body() -> bytearray:
             return await _read_body(scope, receive, limit)
 
-        async def run(request: InferenceRequest) -> InferenceResponse | None:
+        async def run(request: InferenceRequest, heavy: bool) -> InferenceResponse | None:
             return await _infer_watching(server, request, receive)
 
         status, headers, parts = await endpoint.handle(scope["headers"], read_body, run, name, version)

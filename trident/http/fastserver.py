@@ -36,6 +36,8 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import os
+import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
@@ -43,6 +45,8 @@ from urllib.parse import unquote_to_bytes
 import trio
 
 from trident.http.app import ASGIApp, Message, make_app
+from trident.http.infer import JSON, Disconnected, HTTPError, InferEndpoint, too_large
+from trident.protocol import kserve
 from trident.protocol.http1 import (
     CONTINUE,
     DEFAULT_MAX_HEAD_SIZE,
@@ -51,11 +55,13 @@ from trident.protocol.http1 import (
     RequestHead,
     RequestParser,
     ResponseFramer,
+    encode_head,
     error_response,
 )
 
 if TYPE_CHECKING:
     from trident.server import Server
+    from trident.types import InferenceRequest, InferenceResponse
 
 log = logging.getLogger("trident.http")
 
@@ -66,6 +72,8 @@ DRAIN_LIMIT = 64 * 1024  # an unread request body up to this is skipped to keep 
 LINGER_SECONDS = 2.0  # lingering close: longest pause in what the client still sends
 LINGER_TOTAL_SECONDS = 30.0
 WATCH_DELAY = 0.02
+YIELD_EVERY = 8  # a connection serving requests without waiting for its socket yields after this many
+YIELD_BYTES = 256 * 1024  # ... and after moving this many bytes
 KEEP_ALIVE_TIMEOUT = 75.0
 HEADER_TIMEOUT = 30.0  # the defaults of --http-header-timeout-secs, --http-body-timeout-secs and
 BODY_TIMEOUT = 60.0  # --http-max-connections (trident.options)
@@ -75,14 +83,17 @@ _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBU
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
 _NEVER = math.inf
+_IOV_MAX = 512  # buffers per writev
+_INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
 
 
 class _State:
     """Settings and live connections of one server."""
 
     def __init__(self, app: ASGIApp, max_head_size: int, keep_alive_timeout: float, header_timeout: float,
-                 body_timeout: float, max_connections: int) -> None:
+                 body_timeout: float, max_connections: int, endpoint: InferEndpoint | None = None) -> None:
         self.app = app
+        self.endpoint = endpoint  # set: /infer takes the fast path (no ASGI)
         self.max_head_size = max_head_size
         self.keep_alive_timeout = keep_alive_timeout
         self.header_timeout = header_timeout
@@ -90,6 +101,7 @@ class _State:
         self.slots = trio.Semaphore(max_connections, max_value=max_connections)  # one per open connection
         self.connections: set[_Connection] = set()
         self.shutting_down = False
+        self.ticker_park: trio.CancelScope | None = None  # the ticker's sleep while no request runs
 
     def close_idle(self) -> None:
         for conn in self.connections:
@@ -98,12 +110,14 @@ class _State:
 
 
 class _Connection:
-    __slots__ = ("state", "stream", "parser", "cancel_scope", "idle", "served", "reaper_mark", "client",
-                 "sockname", "eof", "broken", "linger", "head_deadline")
+    __slots__ = ("state", "stream", "fd", "parser", "cancel_scope", "idle", "served", "reaper_mark", "client",
+                 "sockname", "eof", "broken", "linger", "head_deadline", "nursery", "yielded", "streak", "moved", "sent_continue",
+                 "protocol_error", "busy", "seen", "park", "watching", "request_scope")
 
     def __init__(self, state: _State, stream: trio.SocketStream) -> None:
         self.state = state
         self.stream = stream
+        self.fd = stream.socket.fileno()
         self.parser = RequestParser(state.max_head_size)
         self.cancel_scope = trio.CancelScope()
         self.idle = False  # waiting for a request head: shutdown and the reaper may close it
@@ -113,6 +127,20 @@ class _Connection:
         self.broken = False  # a write failed
         self.linger = False  # close with request bytes unread: drain before closing
         self.head_deadline = trio.current_time() + state.header_timeout  # first request: from the accept
+        self.nursery: trio.Nursery | None = None  # holds the disconnect watcher (started on the first /infer)
+        self.yielded = False  # the task waited for the socket since the last request
+        self.streak = 0  # requests served since the task last yielded (fairness: see YIELD_EVERY)
+        self.moved = 0  # bytes received or sent since then (see YIELD_BYTES)
+        self.sent_continue = False
+        self.protocol_error: ProtocolError | None = None  # of the fast path's body read
+        # the disconnect watcher (see _watch): ``busy`` is odd while a request runs (+1 at its
+        # start and end; ``seen`` is its value at the ticker's last look), ``park`` the
+        # watcher's sleep, ``watching`` its scope while it reads the socket
+        self.busy = 0
+        self.seen = -1
+        self.request_scope: trio.CancelScope | None = None  # a heavy request's
+        self.park: trio.CancelScope | None = None
+        self.watching: trio.CancelScope | None = None
         try:
             self.client: tuple[str, int] | None = tuple(stream.socket.getpeername()[:2])  # type: ignore[assignment]
             self.sockname: tuple[str, int] | None = tuple(stream.socket.getsockname()[:2])  # type: ignore[assignment]
@@ -121,43 +149,13 @@ class _Connection:
 
     async def run(self) -> None:
         """Serve the connection's requests until it closes; the slot it holds is released at the end."""
-        stream = self.stream
-        parser = self.parser
         state = self.state
         try:
             with self.cancel_scope:
-                while True:
-                    head = parser.next_head()
-                    if head is None:
-                        if state.shutting_down:
-                            return
-                        self.idle = True
-                        if self.head_deadline == _NEVER:
-                            if parser.buffered:  # the next head has started: the clock runs
-                                self.head_deadline = trio.current_time() + state.header_timeout
-                                continue
-                            data = await stream.receive_some(RECEIVE_SIZE)
-                        else:
-                            data = None
-                            with trio.move_on_at(self.head_deadline):
-                                data = await stream.receive_some(RECEIVE_SIZE)
-                            if data is None and not self.cancel_scope.cancel_called:
-                                if parser.buffered:  # a partial head: answer 408
-                                    raise ProtocolError(HTTPStatus.REQUEST_TIMEOUT, "request head timeout")
-                                return  # nothing sent: close quietly, like an idle keep-alive connection
-                        self.idle = False
-                        if not data or self.cancel_scope.cancel_called:
-                            return
-                        parser.feed(data)
-                        continue
-                    self.head_deadline = _NEVER
-                    if not await self._cycle(head):
-                        return
-        except ProtocolError as exc:
-            self.linger = True
-            await self.write(error_response(exc.status, exc.message))
-        except _STREAM_ERRORS:
-            self.broken = True
+                async with trio.open_nursery() as nursery:
+                    self.nursery = nursery
+                    await self._serve()
+                    nursery.cancel_scope.cancel()  # the watcher
         finally:
             state.connections.discard(self)
             try:
@@ -165,12 +163,112 @@ class _Connection:
             finally:
                 state.slots.release()
 
+    async def _serve(self) -> None:
+        parser = self.parser
+        state = self.state
+        endpoint = state.endpoint
+        try:
+            while True:
+                head = parser.next_head()
+                if head is None:
+                    if state.shutting_down:
+                        return
+                    self.idle = True
+                    if self.head_deadline == _NEVER:
+                        if parser.buffered:  # the next head has started: the clock runs
+                            self.head_deadline = trio.current_time() + state.header_timeout
+                            continue
+                        data = await self._recv(RECEIVE_SIZE)
+                    else:
+                        data = None
+                        with trio.move_on_at(self.head_deadline):
+                            data = await self._recv(RECEIVE_SIZE)
+                        if data is None and not self.cancel_scope.cancel_called:
+                            if parser.buffered:  # a partial head: answer 408
+                                raise ProtocolError(HTTPStatus.REQUEST_TIMEOUT, "request head timeout")
+                            return  # nothing sent: close quietly, like an idle keep-alive connection
+                    self.idle = False
+                    if not data or self.cancel_scope.cancel_called:
+                        return
+                    parser.feed(data)
+                    continue
+                self.head_deadline = _NEVER
+                if self.yielded:
+                    self.yielded = False
+                    self.streak = 0
+                else:  # requests served back to back: let other connections run now and then
+                    self.streak += 1
+                    if self.streak >= YIELD_EVERY:
+                        self.streak = 0
+                        await trio.lowlevel.checkpoint()
+                target = None
+                if endpoint is not None and head.method == "POST":
+                    target = _infer_target(head.target)
+                if target is not None:
+                    if not await self._infer(head, endpoint, *target):  # type: ignore[arg-type]
+                        return
+                elif not await self._cycle(head):
+                    return
+        except ProtocolError as exc:
+            self.linger = True
+            await self.write(error_response(exc.status, exc.message))
+        except _STREAM_ERRORS:
+            self.broken = True
+
+    # ---- raw socket I/O (the socket is non-blocking; waits go through trio) -----------------
+
+    async def _recv(self, size: int) -> bytes:
+        """Up to ``size`` received bytes, b"" at EOF; raises trio.BrokenResourceError.
+
+        Not a checkpoint when bytes are waiting, except once per YIELD_BYTES moved without a
+        wait (a large body arriving fast does not hold the loop).
+        """
+        fd = self.fd
+        while True:
+            try:
+                data = os.read(fd, size)
+            except BlockingIOError:
+                self.yielded = True
+                self.moved = 0
+                await trio.lowlevel.wait_readable(fd)
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(exc) from exc
+            self.moved += len(data)
+            if self.moved >= YIELD_BYTES:
+                self.moved = 0
+                await trio.lowlevel.checkpoint()
+            return data
+
     async def write(self, data: bytes | bytearray | memoryview) -> None:
+        await self.writev([data])
+
+    async def writev(self, parts: list[Any]) -> None:
+        """Write ``parts`` in order (one writev when the socket takes them); a no-op once broken."""
         if self.broken:
             return
+        fd = self.fd
         try:
-            await self.stream.send_all(data)
-        except _STREAM_ERRORS:
+            while parts:
+                try:
+                    n = os.writev(fd, parts[:_IOV_MAX]) if len(parts) > 1 else os.write(fd, parts[0])
+                except BlockingIOError:
+                    self.yielded = True
+                    self.moved = 0
+                    await trio.lowlevel.wait_writable(fd)
+                    continue
+                self.moved += n
+                if self.moved >= YIELD_BYTES:
+                    self.moved = 0
+                    await trio.lowlevel.checkpoint()
+                done = 0
+                while done < len(parts) and n >= len(parts[done]):
+                    n -= len(parts[done])
+                    done += 1
+                del parts[:done]
+                if n:
+                    parts[0] = memoryview(parts[0]).cast("B")[n:]
+        except OSError:
             self.broken = True
 
     async def _close(self) -> None:
@@ -183,11 +281,194 @@ class _Connection:
                     while data:
                         data = b""
                         with trio.move_on_after(LINGER_SECONDS):
-                            data = await self.stream.receive_some(BODY_RECEIVE_SIZE)
+                            data = await self._recv(BODY_RECEIVE_SIZE)
         except (*_STREAM_ERRORS, OSError):
             pass
         finally:
             self.stream.socket.close()
+
+    # ---- /infer without ASGI ----------------------------------------------------------------
+
+    async def _infer(self, head: RequestHead, endpoint: InferEndpoint, name: str, version: str) -> bool:
+        """Answer an infer request (as the ASGI app would); True when the connection can take another."""
+        self.sent_continue = False
+        self.protocol_error = None
+        try:
+            if endpoint.restrictions:
+                endpoint.check_restricted(head.headers, "inference")
+
+            async def read_body() -> bytes | bytearray:
+                return await self._read_body(head, endpoint.limit)
+
+            status, headers, parts = await endpoint.handle(head.headers, read_body, self._run, name, version)
+        except HTTPError as exc:
+            status, headers, parts = exc.status, [JSON], [kserve.error_body(exc.message)]
+        except Disconnected:
+            if self.protocol_error is not None:  # a body timeout or bad chunked framing: 408/400 and close
+                raise self.protocol_error from None
+            return False
+        parser = self.parser
+        keep_alive = head.keep_alive
+        if self.state.shutting_down:
+            keep_alive = False
+        elif not parser.body_done:
+            remaining = parser.body_remaining
+            if ((head.expect_continue and not self.sent_continue) or remaining is None
+                    or remaining - parser.buffered > DRAIN_LIMIT):
+                keep_alive = False  # the unread body is not worth reading
+        total = sum(len(p) for p in parts)
+        await self.writev([encode_head(status, headers, total, keep_alive, head.http_version), *parts])
+        if self.eof or self.broken:
+            return False
+        if not parser.body_done:
+            if not keep_alive or not await self._drain_body():
+                self.linger = True
+                return False
+        if not keep_alive:
+            return False
+        parser.start_next()
+        self.served += 1
+        return not self.state.shutting_down
+
+    async def _read_body(self, head: RequestHead, limit: int) -> bytes | bytearray:
+        """The whole body of ``head``; raises too_large (INVALID_ARG) past ``limit`` bytes, before
+        reading when Content-Length says so, and Disconnected when the client goes away, the
+        body times out (``protocol_error`` is set) or the socket breaks.
+        """
+        if head.content_length is not None and head.content_length > limit:
+            raise too_large(head.content_length, limit)
+        parser = self.parser
+        body: bytearray | None = None
+        deadline = _NEVER  # body_timeout from the first wait, plus 1 s per MIN_BODY_RATE bytes received
+        body_timeout = self.state.body_timeout
+        while True:
+            try:
+                got = parser.next_body()
+                while got is None:
+                    if head.expect_continue and not self.sent_continue:
+                        self.sent_continue = True
+                        await self.write(CONTINUE)
+                    remaining = parser.body_remaining
+                    size = (BODY_RECEIVE_SIZE if remaining is None
+                            else max(RECEIVE_SIZE, min(remaining, BODY_RECEIVE_SIZE)))
+                    data = None
+                    now = trio.current_time()
+                    if deadline == _NEVER:
+                        deadline = now + body_timeout
+                    with trio.move_on_at(min(now + body_timeout, deadline)):
+                        data = await self._recv(size)
+                    if data is None:  # a pause too long, or a body dripping slower than MIN_BODY_RATE
+                        raise ProtocolError(HTTPStatus.REQUEST_TIMEOUT, "request body timeout")
+                    if not data:
+                        self.eof = True
+                        raise Disconnected
+                    deadline += len(data) / MIN_BODY_RATE
+                    got = parser.body_from(data)
+            except ProtocolError as exc:
+                self.protocol_error = exc
+                raise Disconnected from None
+            except _STREAM_ERRORS:
+                self.broken = True
+                raise Disconnected from None
+            chunk, done = got
+            if body is None:
+                if len(chunk) > limit:
+                    raise too_large(len(chunk), limit)
+                if done:
+                    return chunk  # the whole body in one piece: no copy
+                body = bytearray(chunk)
+            else:
+                if len(body) + len(chunk) > limit:
+                    raise too_large(len(body) + len(chunk), limit)
+                body += chunk
+            if done:
+                return body
+
+    async def _run(self, request: InferenceRequest, heavy: bool) -> InferenceResponse | None:
+        """``server.infer(request)`` while the connection's watcher looks for a disconnect.
+
+        A client that goes away cancels the connection's scope: the request is cancelled (in
+        the server too) and the connection closes. That costs no task, cancel scope or deadline
+        per request (see :meth:`_watch`). A ``heavy`` request (decoded in a worker thread) has a
+        scope of its own instead, so that it returns None and the caller can free the request
+        off the loop. Raises what ``server.infer`` raises.
+        """
+        if heavy:
+            with trio.CancelScope() as scope:
+                self.request_scope = scope
+                try:
+                    return await self._run(request, False)
+                finally:
+                    self.request_scope = None
+            return None
+        self.busy += 1
+        state = self.state
+        if state.ticker_park is not None:  # the ticker sleeps (no request was running): wake it
+            state.ticker_park.cancel()
+            state.ticker_park = None
+        try:
+            return await state.endpoint.server.infer(request)  # type: ignore[union-attr]
+        finally:
+            self.busy += 1
+            if self.watching is not None:
+                self.watching.cancel()  # stops its socket wait at once: the socket is ours again
+
+    def watch(self) -> None:
+        """Start watching the socket for a disconnect while the current request runs (the
+        ticker's call, see :func:`_tick`)."""
+        if self.park is not None:
+            self.park.cancel()
+        elif self.nursery is not None and self.watching is None:
+            self.nursery.start_soon(self._watch, name="trident.http.watch_disconnect")
+            self.nursery = None  # started once
+
+    async def _watch(self) -> None:
+        """The connection's disconnect watcher: one task for all its requests, started the first
+        time a request runs long (the ticker, :func:`_tick`, finds it running on two ticks).
+
+        While that request runs it reads the socket: pipelined bytes go to the parser (up to
+        MAX_READ_AHEAD), EOF or a reset cancels the connection's scope, and with it the request
+        (a heavy request: its own scope). :meth:`_run` stops the read when the request ends;
+        then it sleeps until the ticker wakes it for another long request. Runs until the
+        connection closes.
+        """
+        fd = self.fd
+        while True:
+            if self.busy & 1:
+                with trio.CancelScope() as watching:
+                    self.watching = watching
+                    try:
+                        while not (self.eof or self.broken):
+                            if self.parser.buffered >= MAX_READ_AHEAD:
+                                await trio.sleep_forever()
+                            await trio.lowlevel.wait_readable(fd)
+                            if watching.cancel_called:
+                                break
+                            try:
+                                data = os.read(fd, RECEIVE_SIZE)
+                            except BlockingIOError:
+                                continue
+                            except OSError:
+                                data = None
+                            if not data:
+                                if data is None:
+                                    self.broken = True
+                                else:
+                                    self.eof = True
+                                # the request and the connection (a heavy request: its own scope)
+                                (self.request_scope or self.cancel_scope).cancel()
+                                break
+                            self.parser.feed(data)
+                    finally:
+                        self.watching = None
+            with trio.CancelScope() as park:
+                self.park = park
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    self.park = None
+
+    # ---- everything else: the ASGI application ----------------------------------------------
 
     async def _cycle(self, head: RequestHead) -> bool:
         """Run the application for one request; True when the connection can take another."""
@@ -240,7 +521,7 @@ class _Connection:
                 except ProtocolError:
                     return False
                 if got is None:
-                    data = await self.stream.receive_some(RECEIVE_SIZE)
+                    data = await self._recv(RECEIVE_SIZE)
                     if not data:
                         self.eof = True
                         return False
@@ -301,7 +582,7 @@ class _Cycle:
                 if self.body_deadline == _NEVER:
                     self.body_deadline = now + conn.state.body_timeout
                 with trio.move_on_at(min(now + conn.state.body_timeout, self.body_deadline)):
-                    data = await conn.stream.receive_some(size)
+                    data = await conn._recv(size)
                 if data is None:  # a pause too long, or a body dripping slower than MIN_BODY_RATE: 408
                     raise ProtocolError(HTTPStatus.REQUEST_TIMEOUT, "request body timeout")
                 if not data:
@@ -342,7 +623,7 @@ class _Cycle:
                     return
                 with trio.CancelScope() as scope:
                     self._wait_scope = scope
-                    data = await conn.stream.receive_some(RECEIVE_SIZE)
+                    data = await conn._recv(RECEIVE_SIZE)
                     self._wait_scope = None
                     if not data:
                         conn.eof = True
@@ -379,11 +660,8 @@ class _Cycle:
                 self.finish()  # a waiting receive() returns http.disconnect as the last bytes go out
             conn = self.conn
             if not conn.broken:
-                try:
-                    for part in parts:
-                        await conn.stream.send_all(part)
-                except _STREAM_ERRORS:
-                    conn.broken = True
+                await conn.writev(parts)
+                if conn.broken:
                     self.finish()
         elif kind == "http.response.start":
             conn = self.conn
@@ -397,6 +675,21 @@ class _Cycle:
             framer.start(message["status"], message.get("headers", ()))
         else:
             raise RuntimeError(f"unexpected ASGI message type {kind!r}")
+
+
+def _infer_target(target: bytes) -> tuple[str, str] | None:
+    """``(model, version)`` when the request target is an infer path, else None."""
+    raw_path = target.partition(b"?")[0]
+    if not raw_path.endswith(b"/infer"):
+        return None
+    if b"%" in raw_path:
+        path = unquote_to_bytes(raw_path).decode("utf-8", "replace")
+    else:
+        path = raw_path.decode("utf-8", "replace")
+    match = _INFER_PATH.fullmatch(path)
+    if match is None:
+        return None
+    return match.group(1), match.group(2) or ""
 
 
 async def _accept_loop(listener: trio.SocketListener, state: _State, nursery: trio.Nursery) -> None:
@@ -424,6 +717,31 @@ async def _accept_loop(listener: trio.SocketListener, state: _State, nursery: tr
         nursery.start_soon(conn.run, name="trident.http.connection")
 
 
+async def _tick(state: _State) -> None:
+    """Every ``WATCH_DELAY`` while requests run, start the disconnect watch of each connection
+    whose request has been running since the previous tick (so for ``WATCH_DELAY`` to twice
+    that): one task for the server, nothing per request. Sleeps while no request runs (the next
+    request wakes it). Runs until cancelled.
+    """
+    while True:
+        running = False
+        for conn in state.connections:
+            busy = conn.busy
+            if busy & 1:
+                running = True
+                if conn.seen == busy:
+                    conn.watch()
+            conn.seen = busy
+        if running:
+            await trio.sleep(WATCH_DELAY)
+            continue
+        with trio.CancelScope() as park:
+            state.ticker_park = park
+            await trio.sleep_forever()
+        state.ticker_park = None
+        await trio.sleep(WATCH_DELAY)
+
+
 async def _reap_idle(state: _State) -> None:
     """Close connections idle (waiting for a request) for a whole keep-alive period."""
     while True:
@@ -447,6 +765,7 @@ async def serve_asgi(
     max_connections: int = MAX_CONNECTIONS,
     max_head_size: int = DEFAULT_MAX_HEAD_SIZE,
     backlog: int = 1024,
+    infer_endpoint: InferEndpoint | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the ASGI ``app`` over HTTP/1.1 on ``host:port``.
@@ -456,30 +775,36 @@ async def serve_asgi(
     it stops accepting, closes idle connections, waits up to ``graceful_timeout`` seconds for
     in-flight requests (their responses carry ``connection: close``), cancels what is left, and
     returns. ``header_timeout``, ``body_timeout`` and ``max_connections`` bound what one client
-    can hold (see the module docstring).
+    can hold (see the module docstring). With ``infer_endpoint`` (the one ``app`` uses),
+    ``POST .../infer`` is answered by it directly, without ASGI.
 
     Raises OSError when the address cannot be bound. Cancellation closes the listener and every
     connection and cancels the application calls in flight.
     """
     listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
-    state = _State(app, max_head_size, keep_alive_timeout, header_timeout, body_timeout, max_connections)
+    state = _State(app, max_head_size, keep_alive_timeout, header_timeout, body_timeout, max_connections,
+                   infer_endpoint)
     try:
-        async with trio.open_nursery() as connections:
-            async with trio.open_nursery() as accepting:
+        async with trio.open_nursery() as watching:
+            if infer_endpoint is not None:
+                watching.start_soon(_tick, state, name="trident.http.watch_requests")
+            async with trio.open_nursery() as connections:
+                async with trio.open_nursery() as accepting:
+                    for listener in listeners:
+                        accepting.start_soon(_accept_loop, listener, state, connections)
+                    accepting.start_soon(_reap_idle, state)
+                    task_status.started(listeners[0].socket.getsockname()[1])
+                    if shutdown_trigger is None:
+                        await trio.sleep_forever()
+                    else:
+                        await shutdown_trigger()
+                    accepting.cancel_scope.cancel()
                 for listener in listeners:
-                    accepting.start_soon(_accept_loop, listener, state, connections)
-                accepting.start_soon(_reap_idle, state)
-                task_status.started(listeners[0].socket.getsockname()[1])
-                if shutdown_trigger is None:
-                    await trio.sleep_forever()
-                else:
-                    await shutdown_trigger()
-                accepting.cancel_scope.cancel()
-            for listener in listeners:
-                listener.socket.close()
-            state.shutting_down = True
-            state.close_idle()
-            connections.cancel_scope.deadline = trio.current_time() + graceful_timeout
+                    listener.socket.close()
+                state.shutting_down = True
+                state.close_idle()
+                connections.cancel_scope.deadline = trio.current_time() + graceful_timeout
+            watching.cancel_scope.cancel()
     finally:
         for listener in listeners:
             listener.socket.close()
@@ -505,8 +830,9 @@ async def serve_http_fast(
     """
     options = server.options
     graceful = float(getattr(options, "exit_timeout_secs", 5.0))
-    await serve_asgi(make_app(server), host=host, port=port, shutdown_trigger=shutdown_trigger,
-                     graceful_timeout=graceful, task_status=task_status,
+    endpoint = InferEndpoint(server)
+    await serve_asgi(make_app(server, endpoint), host=host, port=port, shutdown_trigger=shutdown_trigger,
+                     graceful_timeout=graceful, task_status=task_status, infer_endpoint=endpoint,
                      header_timeout=float(getattr(options, "http_header_timeout_secs", HEADER_TIMEOUT)),
                      body_timeout=float(getattr(options, "http_body_timeout_secs", BODY_TIMEOUT)),
                      max_connections=int(getattr(options, "http_max_connections", MAX_CONNECTIONS)))

@@ -28,7 +28,7 @@ log = logging.getLogger("trident.http")
 Headers = Sequence[tuple[bytes, bytes]]
 Parts = list[Any]  # bytes-like pieces of a body
 ReadBody = Callable[[], Awaitable["bytes | bytearray | memoryview"]]
-RunInfer = Callable[[InferenceRequest], Awaitable["InferenceResponse | None"]]
+RunInfer = Callable[[InferenceRequest, bool], Awaitable["InferenceResponse | None"]]
 
 JSON = (b"content-type", b"application/json")
 OCTET = (b"content-type", b"application/octet-stream")
@@ -98,7 +98,9 @@ class InferEndpoint:
         """Answer one infer request: ``(status, headers, body parts)``, never an exception.
 
         ``read_body()`` returns the whole body (raising ``too_large`` past the limit);
-        ``run(request)`` runs it and returns None when the client went away meanwhile. The
+        ``run(request, heavy)`` runs it and returns None when the client went away meanwhile
+        (``heavy``: the request was decoded off the loop, and it is freed off the loop too, so
+        ``run`` should return rather than let a cancellation through). The
         headers returned lack ``content-length`` (the transport adds it). The restricted-API
         check is the caller's (it precedes the method check). Raises Disconnected when the
         client went away (the transport sends nothing); cancellation propagates.
@@ -148,7 +150,7 @@ class InferEndpoint:
             binary_default = bool(params.pop("binary_data_output", False)) if params else False
         del body
         if not heavy:
-            response = await run(request)
+            response = await run(request, False)
             if response is None:
                 raise Disconnected
             return await _reply(response, request.outputs, binary_default, accept_encoding)
@@ -157,7 +159,7 @@ class InferEndpoint:
         error: Exception | None = None
         reply = None
         try:
-            response = await run(request)
+            response = await run(request, True)
             if response is None:
                 raise Disconnected
             reply = await _reply(response, request.outputs, binary_default, accept_encoding)
