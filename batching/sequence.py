@@ -184,10 +184,14 @@ class SequenceScheduler(Scheduler):
     def enqueue(self, item: Schedulable) -> None:
         """Queue ``item`` on its sequence.
 
-        Raises TritonError(INVALID_ARG) without a correlation id, or when the first request of
-        a sequence (or the first after its END or idle timeout) lacks the START flag.
+        Raises TritonError(INVALID_ARG) for a batch of more than one (a batching model), without
+        a correlation id, or when the first request of a sequence (or the first after its END or
+        idle timeout) lacks the START flag.
         """
         request = item.request
+        if self.batching and item.batch_size > 1:  # Triton's sequence batcher takes one at a time
+            raise invalid_arg(f"inference request to model '{self.model_name}' must specify batch-size 1 due "
+                              "to requirements of sequence batcher")
         sid = sequence_key(request)
         if sid is None:
             raise invalid_arg(f"inference request to model '{self.model_name}' must specify a non-zero or "

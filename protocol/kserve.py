@@ -132,6 +132,7 @@ def decode_infer_request(
     """
     view = memoryview(body).cast("B") if not isinstance(body, bytes) else memoryview(body)
     total = len(view)
+    explicit_length = header_length is not None
     if header_length is None:
         header_length = total
     elif header_length == 0:
@@ -141,7 +142,13 @@ def decode_infer_request(
         )
     elif header_length < 0 or header_length > total:
         raise invalid_arg(f"inference header size should be in range (0, {total}), got: {header_length}")
-    doc = parse_json(view[:header_length] if header_length < total else view, _convert_slice)
+    try:
+        doc = parse_json(view[:header_length] if header_length < total else view, _convert_slice)
+    except TritonError as e:
+        if not explicit_length:
+            raise
+        raise invalid_arg(f"{e.message} (Inference-Header-Content-Length is {header_length}: the JSON "
+                          f"header must be exactly the first {header_length} bytes of the body)") from None
     if not isinstance(doc, dict):
         raise invalid_arg("failed to parse the request JSON buffer: the request must be a JSON object")
 
@@ -623,8 +630,9 @@ def encode_infer_response(
     ``binary_data: true``, or when they say nothing and ``binary_default`` (the request's
     ``binary_data_output``) is true.
 
-    Raises the response's own ``error`` if it carries one, and TritonError INTERNAL when an
-    output's data does not match its shape.
+    Raises the response's own ``error`` if it carries one, TritonError INVALID_ARG for an
+    FP16 or BF16 output asked for as JSON (Triton's refusal), and INTERNAL when an output's
+    data does not match its shape.
     """
     if response.error is not None:
         raise response.error
@@ -706,6 +714,9 @@ def _encode_output(tensor: Tensor, binary: bool, blobs: list[bytes | memoryview]
     params: dict[str, Any] | None = dict(tensor.parameters) if tensor.parameters else None
     datatype = tensor.datatype
     if not binary:
+        if datatype in ("FP16", "BF16"):  # as for inputs: only the binary extension carries them
+            raise invalid_arg(f"sending {datatype} data via JSON is not supported. Please use the binary "
+                              "data format for output")
         json_data = _json_data(datatype, data)
         if json_data is not None:
             if params:

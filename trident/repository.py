@@ -17,6 +17,7 @@ response cache (``--cache-config``) its model versions share.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import shutil
 import tempfile
@@ -36,7 +37,7 @@ from trident.batching.instances import counts_only_change
 from trident.batching.rate_limiter import RateLimiter
 from trident.config_validation import ENSEMBLE_PLATFORM, confine_model_files, validate_config
 from trident.devices import gpu_count
-from trident.errors import Code, TritonError, invalid_arg, not_found, unavailable, unsupported
+from trident.errors import Code, TritonError, internal, invalid_arg, not_found, unavailable, unsupported
 from trident.model import ModelVersion
 from trident.protocol.generated.inference import ModelConfig
 
@@ -75,6 +76,15 @@ class _Record:
     explicit: bool = False
     #: an ensemble unloaded because a composing model was: its composing model names
     suspended: list[str] = field(default_factory=list)
+    #: the config (and files) of the last load API call that had one, kept for reloads
+    override: tuple[str, dict[str, bytes] | None] | None = None
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def _without_config(fingerprint: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -187,8 +197,13 @@ class ModelRepository:
     async def load(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> None:
         """The load API (explicit mode only): load or reload ``name``.
 
-        Raises TritonError: UNSUPPORTED outside explicit mode, INVALID_ARG for a bad name,
-        config or file path, or when the load fails (with the reason).
+        A reload of a loaded model without ``config`` keeps the config (and files) of the last
+        load that had one, as Triton does (an unload forgets it). Raises TritonError: UNSUPPORTED outside explicit mode, INTERNAL
+        "failed to poll from model repository" (Triton's words) for a model that is in neither
+        the repository nor the request and for a ``config`` that is not a JSON object,
+        INVALID_ARG for a bad name or file path, or when the load fails (with the reason). A
+        model that exists only through the request's files leaves no entry behind when its
+        load fails.
         """
         if self.options.model_control_mode != "explicit":
             raise unsupported("explicit model load / unload is not allowed if polling is enabled"
@@ -197,8 +212,15 @@ class ModelRepository:
         check_model_name(name)
         if files and not config:
             raise invalid_arg(f"failed to load '{name}': file overrides need the 'config' parameter")
+        if config is not None and not _is_json_object(config):  # Triton's answer to a bad override
+            raise internal(f"failed to load '{name}', failed to poll from model repository")
+        rec = self._records.get(name)
+        if config is None and rec is not None and rec.override is not None:
+            config, files = rec.override  # a reload without a config keeps the last override (Triton)
         await self._load(name, config, files)
-        self._records[name].explicit = True
+        rec = self._records[name]
+        rec.explicit = True
+        rec.override = (config, files) if config is not None else None
         await self._resume_dependents(name)
 
     async def _resume_dependents(self, name: str) -> None:
@@ -232,18 +254,25 @@ class ModelRepository:
     async def _load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None,
                     chain: tuple[str, ...] = ()) -> None:
         rec = self._records.get(name)
+        created = False
         if rec is None or rec.path is None:
             found = self.scan().get(name)
             if found is None and not files:
-                raise invalid_arg(f"failed to load '{name}', failed to poll from model repository")
+                raise internal(f"failed to load '{name}', failed to poll from model repository")
+            created = rec is None and found is None  # exists only through the request's files
             rec = self._record(name, found)
-        if not chain and await self._names_an_ensemble(rec, config_json):
-            # one ensemble load at a time (with the loads of what it needs, chain non-empty):
-            # two ensembles that need each other must not each wait for the other's lock
-            async with self._ensemble_loads:
+        try:
+            if not chain and await self._names_an_ensemble(rec, config_json):
+                # one ensemble load at a time (with the loads of what it needs, chain non-empty):
+                # two ensembles that need each other must not each wait for the other's lock
+                async with self._ensemble_loads:
+                    await self._load_record(rec, config_json, files, chain)
+            else:
                 await self._load_record(rec, config_json, files, chain)
-        else:
-            await self._load_record(rec, config_json, files, chain)
+        except BaseException:
+            if created and not rec.versions and self._records.get(name) is rec:
+                del self._records[name]  # no phantom entry for a refused load
+            raise
 
     async def _load_record(self, rec: _Record, config_json: str | None, files: dict[str, bytes] | None,
                            chain: tuple[str, ...]) -> None:
@@ -275,7 +304,7 @@ class ModelRepository:
             tmpdir = _write_override_files(name, files)
             model_dir = tmpdir / name
         elif config_json and model_dir is None:
-            raise invalid_arg(f"failed to load '{name}', failed to poll from model repository")
+            raise internal(f"failed to load '{name}', failed to poll from model repository")
         assert model_dir is not None
         try:
             config, backend = await trio.to_thread.run_sync(self._prepare_config, name, model_dir, config_json)
@@ -442,20 +471,23 @@ class ModelRepository:
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """The unload API (explicit mode only): drain and unload every version of ``name``.
 
-        Returns once the versions are unloaded. Raises TritonError UNSUPPORTED outside
-        explicit mode, INVALID_ARG for a bad name.
+        Returns once the versions are unloaded (at once for a model not in the repository, as
+        Triton does). Raises TritonError UNSUPPORTED outside explicit mode, INVALID_ARG for a
+        bad name.
         """
         if self.options.model_control_mode != "explicit":
             raise unsupported("explicit model load / unload is not allowed if model control mode is not EXPLICIT")
         check_model_name(name)
         rec = self._records.get(name)
-        if rec is None:
-            raise invalid_arg(f"failed to unload '{name}', model is not found in the repository")
+        if rec is None:  # Triton: unloading what is not there succeeds
+            log.info("unload of '%s': the model is not in the repository, nothing to do", name)
+            return
         composing = list(rec.composing)
         async with rec.lock:
             await self._unload_record(rec)
         rec.explicit = False
         rec.suspended = []
+        rec.override = None  # a load after an unload starts from the repository (Triton)
         if unload_dependents:
             await self._unload_composing(composing)
 
@@ -545,8 +577,10 @@ class ModelRepository:
     def get(self, name: str, version: str = "") -> Served:
         """The serving version (highest READY one when ``version`` is "").
 
-        Raises TritonError: NOT_FOUND for an unknown model or version, UNAVAILABLE for a
-        model that is not serving (with the reason it failed), INVALID_ARG for a bad version.
+        Raises TritonError: NOT_FOUND for an unknown model or version and for a model with no
+        version loaded (unloaded, or its versions removed), UNAVAILABLE for a model that failed
+        to load (with the reason) or whose versions are not ready yet, INVALID_ARG for a bad
+        version.
         """
         rec = self._records.get(name)
         if rec is None or (not rec.versions and not rec.failed and not rec.unloaded and rec.path is None):
@@ -559,12 +593,18 @@ class ModelRepository:
             if mv is None:
                 if v in rec.failed:
                     raise unavailable(f"model '{name}' version {v} is not available: {rec.failed[v]}")
+                if v in rec.unloaded:
+                    raise unavailable(f"Request for unknown model: '{name}' version {v} is not at ready state")
                 raise not_found(f"Request for unknown model: '{name}' version {v} is not found")
             if mv.state != "READY":
                 raise unavailable(f"model '{name}' version {v} is not ready (state {mv.state})")
             return mv
         ready = [mv for mv in rec.versions.values() if mv.state == "READY"]
         if not ready:
+            if not rec.versions and not rec.failed:  # Triton's 404s: never loaded, or unloaded
+                if not rec.unloaded:
+                    raise not_found(f"Request for unknown model: '{name}' is not found")
+                raise not_found(f"Request for unknown model: '{name}' has no available versions")
             reason = rec.failed.get(-1) or next(iter(rec.failed.values()), "") or "model is not loaded"
             raise unavailable(f"model '{name}' is not available: {reason}")
         return max(ready, key=lambda mv: mv.version)

@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 import trident
-from trident.errors import TritonError, invalid_arg, not_found, unavailable, unsupported
+from trident.errors import Code, TritonError, invalid_arg, unavailable, unsupported
 from trident.logs import LogSettings
 from trident.options import ServerOptions
 from trident.protocol.generated.inference import ModelConfig
@@ -119,17 +119,30 @@ class Server:
         return self._get(name, version).config
 
     def model_statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
-        """Statistics of every serving version, of one model, or of one version."""
+        """Statistics of every serving version, of one model, or of one version.
+
+        Raises TritonError INVALID_ARG for a model or version that is not serving (Triton's
+        "requested model 'm' is not available" / "requested model version is not available
+        for model 'm'"), and for a version without a model name.
+        """
         if not name:
             if version:
                 raise invalid_arg("model version given without a model name")
             return [mv.stats.snapshot() for mv in sorted(self.repository.serving(), key=lambda m: (m.name, m.version))]
-        mv = self._get(name, version)
+        try:
+            mv = self._get(name, version)
+        except TritonError as e:  # Triton's words (and INVALID_ARG) for what is not serving
+            if e.code not in (Code.NOT_FOUND, Code.UNAVAILABLE):
+                raise
+            if version and name in self.repository.names() and any(
+                    v.name == name for v in self.repository.serving()):
+                raise invalid_arg(f"requested model version is not available for model '{name}'") from None
+            raise invalid_arg(f"requested model '{name}' is not available") from None
         if version:
             return [mv.stats.snapshot()]
         ready = [v for v in self.repository.serving() if v.name == name]
         if not ready:
-            raise not_found(f"requested model '{name}' is not found")
+            raise invalid_arg(f"requested model '{name}' is not available")
         return [v.stats.snapshot() for v in sorted(ready, key=lambda m: m.version)]
 
     # ---- repository -----------------------------------------------------------------------

@@ -184,7 +184,8 @@ def test_unloading_a_composing_model_unloads_its_ensembles_until_it_is_back(expl
         assert row["state"] == "UNAVAILABLE" and row["reason"] == "unloaded"
         with pytest.raises(InferenceServerException) as e:
             c.infer("pipeline", [httpclient.InferInput("RAW", [1, 4], "FP32").set_data_from_numpy(RAW)])
-        assert e.value.status() == "503"
+        assert e.value.status() == "404"  # Triton: an unloaded model has no available versions
+        assert e.value.message() == "Request for unknown model: 'pipeline' has no available versions"
         c.load_model("mlp")
         assert c.is_model_ready("pipeline")
         result = c.infer("pipeline", [httpclient.InferInput("RAW", [1, 4], "FP32").set_data_from_numpy(RAW)])

@@ -499,6 +499,12 @@ def as_expected(datatype: str, array: np.ndarray, binary: bool) -> np.ndarray:
 def test_response_every_datatype_with_tritonclient(datatype: str, binary: bool) -> None:
     array = sample(datatype)
     response = InferenceResponse("m", "1", "", [Tensor("OUT", datatype, array.shape, array)])
+    if datatype in ("FP16", "BF16") and not binary:  # refused as Triton does (the binary extension only)
+        with pytest.raises(TritonError) as info:
+            kserve.encode_infer_response(response, [RequestedOutput("OUT", {"binary_data": binary})], False)
+        assert info.value.code is Code.INVALID_ARG and info.value.message == (
+            f"sending {datatype} data via JSON is not supported. Please use the binary data format for output")
+        return
     parts, hl = kserve.encode_infer_response(
         response, [RequestedOutput("OUT", {"binary_data": binary})], False
     )
@@ -621,6 +627,12 @@ def test_response_round_trip_through_tritonclient(
         RequestedOutput(f"o{i}", {"binary_data": b}) for i, (_, _, b) in enumerate(items) if i % 2 == 0
     ]
     response = InferenceResponse("model", "2", request_id, tensors_)
+    as_json = [dt for i, (dt, _, b) in enumerate(items) if not (b if i % 2 == 0 else default)]
+    if "FP16" in as_json or "BF16" in as_json:  # JSON cannot carry them: refused
+        with pytest.raises(TritonError) as info:
+            kserve.encode_infer_response(response, requested, default)
+        assert info.value.code is Code.INVALID_ARG and "via JSON is not supported" in info.value.message
+        return
     parts, hl = kserve.encode_infer_response(response, requested, default)
     result = client_parse(parts, hl)
     assert result.get_response().get("id", "") == request_id
