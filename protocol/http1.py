@@ -81,8 +81,28 @@ class RequestHead:
 def parse_head(head: bytes) -> RequestHead:
     """Parse a request head (request line and fields, without the final empty line).
 
-    Raises ProtocolError (400, 501 for a transfer coding, 505 for an HTTP version other than 1.x).
+    A head seen before (most clients send the same head again and again) comes from a bounded
+    cache of heads that parsed without error. Raises ProtocolError (400, 501 for a transfer
+    coding, 505 for an HTTP version other than 1.x).
     """
+    hit = _HEAD_CACHE.get(head)
+    if hit is not None:
+        method, target, http_version, fields, content_length, chunked, keep_alive, expect_continue = hit
+        return RequestHead(method, target, http_version, list(fields), content_length, chunked, keep_alive,
+                           expect_continue)
+    parsed = _parse_head(head)
+    if len(head) <= _HEAD_CACHE_HEAD and len(_HEAD_CACHE) < _HEAD_CACHE_SIZE:
+        _HEAD_CACHE[head] = (parsed.method, parsed.target, parsed.http_version, tuple(parsed.headers),
+                             parsed.content_length, parsed.chunked, parsed.keep_alive, parsed.expect_continue)
+    return parsed
+
+
+_HEAD_CACHE: dict[bytes, tuple] = {}  # type: ignore[type-arg]
+_HEAD_CACHE_SIZE = 256  # heads
+_HEAD_CACHE_HEAD = 1024  # bytes: longer heads are parsed each time
+
+
+def _parse_head(head: bytes) -> RequestHead:
     if head.translate(None, _HEAD_OK):
         raise _bad("control character in the request head")
     if b"\r" in head:
@@ -115,13 +135,17 @@ def parse_head(head: bytes) -> RequestHead:
     connection = b""
     expect = b""
     host = False
+    cache = _FIELD_CACHE
     for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name.translate(None, _TCHAR):
-            raise _bad("malformed header field" if line[:1] not in (b" ", b"\t") else "obsolete line folding")
-        name = name.lower()
-        value = value.strip(b" \t")
-        headers.append((name, value))
+        field = cache.get(line)
+        if field is None:
+            field = _parse_field(line)
+            if len(line) <= _FIELD_CACHE_LINE and len(cache) < _FIELD_CACHE_SIZE:
+                cache[line] = field
+        headers.append(field)
+        name, value = field
+        if name not in _FRAMING:
+            continue
         if name == b"content-length":
             if not value.isdigit() or len(value) > 18:
                 raise _bad("invalid Content-Length")
@@ -156,6 +180,21 @@ def parse_head(head: bytes) -> RequestHead:
         keep_alive = bool(connection) and b"keep-alive" in _tokens(connection)
     expect_continue = http_version == "1.1" and expect == b"100-continue"
     return RequestHead(method, target, http_version, headers, content_length, chunked, keep_alive, expect_continue)
+
+
+# header lines already parsed (validated): most clients send the same lines again and again
+_FIELD_CACHE: dict[bytes, tuple[bytes, bytes]] = {}
+_FIELD_CACHE_SIZE = 1024  # lines
+_FIELD_CACHE_LINE = 256  # bytes: longer lines are parsed each time
+_FRAMING = frozenset({b"content-length", b"transfer-encoding", b"connection", b"host", b"expect"})
+
+
+def _parse_field(line: bytes) -> tuple[bytes, bytes]:
+    """``(lower-cased name, stripped value)`` of a header line; raises ProtocolError (400)."""
+    name, sep, value = line.partition(b":")
+    if not sep or not name or name.translate(None, _TCHAR):
+        raise _bad("malformed header field" if line[:1] not in (b" ", b"\t") else "obsolete line folding")
+    return name.lower(), value.strip(b" \t")
 
 
 def _tokens(value: bytes) -> set[bytes]:

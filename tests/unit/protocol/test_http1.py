@@ -20,6 +20,7 @@ from trident.protocol.http1 import (
     RequestParser,
     ResponseError,
     ResponseFramer,
+    encode_head,
     error_response,
 )
 
@@ -400,3 +401,54 @@ def test_error_response_and_continue_read_back():
     assert isinstance(response, h11.Response) and response.status_code == 431
     assert dict(response.headers)[b"connection"] == b"close"
     assert CONTINUE == b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+# ---- the parse caches and the fast path's response head ------------------------------------------
+
+
+def test_a_repeated_head_parses_alike_with_its_own_header_list():
+    data = b"POST /v2/x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nX-Mixed: V\r\n\r\n"
+    first, second = one_head(data), one_head(data)  # the second comes from the head cache
+    assert first is not None and second is not None and first is not second
+    for name in RequestHead.__slots__:
+        assert getattr(first, name) == getattr(second, name), name
+    first.headers.append((b"x-added", b"1"))
+    assert (b"x-added", b"1") not in second.headers and (b"x-added", b"1") not in one_head(data).headers
+
+
+@pytest.mark.parametrize("data", [
+    b"GET / HTTP/1.1\r\nHost: a\r\nBad Name: v\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nX: \x01\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+])
+def test_malformed_heads_are_refused_every_time(data):
+    """Errors are never cached: the same bytes, or a valid line seen before in a bad head, still fail."""
+    for _ in range(3):
+        with pytest.raises(ProtocolError):
+            one_head(data)
+    assert one_head(b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\n") is not None
+
+
+def test_cached_lines_keep_their_framing_meaning():
+    """A line cached from one head still frames the body in the next (different) head."""
+    for target in (b"/a", b"/b"):
+        head = one_head(b"POST %s HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n" % target)
+        assert head is not None and head.chunked and head.content_length is None
+        head = one_head(b"POST %s HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 7\r\n\r\n" % target)
+        assert head is not None and not head.keep_alive and head.content_length == 7
+
+
+@pytest.mark.parametrize("version, keep_alive", [("1.1", True), ("1.1", False), ("1.0", True), ("1.0", False)])
+def test_encode_head_is_what_the_framer_writes(version, keep_alive, monkeypatch):
+    from trident.protocol import http1
+
+    monkeypatch.setattr(http1, "http_date", lambda: b"Tue, 01 Dec 2026 00:00:00 GMT")  # no second boundary
+    request = b"POST / HTTP/%s\r\nHost: a\r\n%s\r\n" % (
+        version.encode(), b"Connection: keep-alive\r\n" if version == "1.0" and keep_alive else b"")
+    head = one_head(request if keep_alive or version == "1.0" else request.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+    assert head is not None and head.keep_alive == keep_alive
+    headers = [(b"content-type", b"application/json"), (b"inference-header-content-length", b"2")]
+    framer = ResponseFramer(head)
+    framer.start(200, [*headers, (b"content-length", b"5")])
+    framed = b"".join(framer.body(b"hello", False))
+    assert encode_head(200, headers, 5, keep_alive, version) + b"hello" == framed
