@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from importlib import metadata
 
+from trident import DISTRIBUTION
 from trident.backends.base import Backend, LoadContext, ModelInstance
 from trident.errors import TritonError, unsupported
 
@@ -66,7 +67,7 @@ def get_backend(name: str) -> Backend:
         try:
             mod = importlib.import_module(module)
         except ImportError as e:  # the framework is missing
-            hint = f'; install it with pip install "trident[{extra}]"' if extra else ""
+            hint = f'; install it with pip install "{DISTRIBUTION}[{extra}]"' if extra else ""
             raise unsupported(f"backend '{name}' is not available: {e}{hint}") from e
         backend = getattr(mod, cls_name)()
     else:

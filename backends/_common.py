@@ -24,6 +24,7 @@ from types import ModuleType
 
 import numpy as np
 
+from trident import DISTRIBUTION
 from trident import config as cfg
 from trident.batching.merge import batch_sizes, merge_inputs, split_outputs
 from trident.errors import TritonError, internal, invalid_arg, unavailable, unsupported
@@ -54,7 +55,7 @@ def require(module: str, backend: str, extra: str) -> ModuleType:
     except ImportError as e:
         raise unsupported(
             f"the {backend} backend needs the '{module.split('.')[0]}' package, which cannot be imported "
-            f"({e}); install it with: pip install \"trident[{extra}]\""
+            f"({e}); install it with: pip install \"{DISTRIBUTION}[{extra}]\""
         ) from e
 
 

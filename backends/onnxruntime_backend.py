@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from trident import DISTRIBUTION
 from trident.backends._common import (
     BatchRunner,
     IOSpec,
@@ -138,7 +139,7 @@ def providers(config: ModelConfig, kind: str, device_id: int, available: list[st
             raise unsupported(
                 f"{why} of model '{config.name}' needs onnxruntime's {provider}, which the installed onnxruntime "
                 f"does not provide (it has {', '.join(available)}); on a host with CUDA install "
-                f"pip install \"trident[{extra}]\"")
+                f"pip install \"{DISTRIBUTION}[{extra}]\"")
 
     if kind == "KIND_GPU":
         cuda: dict[str, str] = {"device_id": str(device_id)}

@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
+#: the distribution name on the package index (the import name and the command are ``trident``;
+#: ``trident`` on the public index is an unrelated project)
+DISTRIBUTION = "trident-inference"
 
 _LAZY = {
     "open_server": ("trident.server", "open_server"),

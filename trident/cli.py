@@ -1,7 +1,12 @@
 """``trident`` command line: ``trident serve`` with tritonserver's flag names and defaults.
 
-An unknown flag or a bad value is a one-line error (exit status 2). Booleans take
-``--flag=true|false`` (also ``1/0``, ``yes/no``, ``on/off``) or the bare ``--flag`` for true.
+Every flag of tritonserver 2.51's ``--help`` is accepted, in tritonserver's groups: those for
+what trident does map to it (the deprecated ``--trace-*`` and ``--response-cache-byte-size`` to
+their ``--trace-config`` / ``--cache-config`` settings), those with no meaning here
+(:data:`IGNORED_FLAGS`) are logged once at start-up as ignored, with the reason. The
+``tritonserver`` command is ``trident serve``. An unknown flag or a bad value is a one-line
+error (exit status 2). Booleans take ``--flag=true|false`` (also ``1/0``, ``yes/no``,
+``on/off``) or the bare ``--flag`` for true.
 """
 
 from __future__ import annotations
@@ -58,81 +63,162 @@ def _seconds(text: str) -> float:
     return v
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's help with its default, when it has one worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, "", [], False) and not isinstance(action.default, bool) \
+                or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"trident: error: {message}\n")
+        sys.stderr.write(f"{self.prog.split()[0]}: error: {message}\n")
         sys.exit(2)
 
 
 def _flag(group: argparse._ArgumentGroup, name: str, default: bool, help: str) -> None:
     group.add_argument(name, type=_bool, nargs="?", const=True, default=default, metavar="BOOL",
-                       help=f"{help} (default {str(default).lower()})")
+                       help=help)
+
+
+#: tritonserver flags accepted for drop-in use that mean nothing here: flag -> why (logged once
+#: at start-up when given). The value is not checked beyond being present.
+IGNORED_FLAGS: dict[str, str] = {
+    "--backend-directory": "backends are Python modules (built in, or the 'trident.backends' entry points), "
+                           "not shared libraries in a folder",
+    "--repoagent-directory": "repository agents are not shared libraries in a folder here",
+    "--cache-directory": "the response cache is built in ('local'); there are no cache libraries to find",
+    "--pinned-memory-pool-byte-size": "no pinned-memory pool is pre-allocated; tensors live in host memory "
+                                      "and frameworks allocate their own",
+    "--cuda-memory-pool-byte-size": "no CUDA memory pool is pre-allocated; each framework backend uses its own "
+                                    "allocator",
+    "--cuda-virtual-address-size": "no CUDA memory pool is pre-allocated",
+    "--min-supported-compute-capability": "GPU kernels come from the frameworks, which check the device themselves",
+    "--buffer-manager-thread-count": "no buffer-manager threads: tensors are numpy arrays",
+    "--http-thread-count": "HTTP runs on the trio event loop (heavy decoding on bounded worker threads); "
+                           "there is no thread pool to size",
+    "--grpc-infer-allocation-pool-size": "gRPC responses are not allocated from a pool",
+    "--reuse-http-port": "SO_REUSEPORT is not set; run one server per port",
+    "--reuse-grpc-port": "SO_REUSEPORT is not set; run one server per port",
+    "--host-policy": "there are no NUMA host policies",
+    "--model-load-gpu-limit": "GPU memory is not accounted for at load",
+    "--enable-peer-access": "CUDA peer access is left to the frameworks",
+    "--model-load-retry-count": "a failed load is not retried (load it again through the load API)",
+    "--model-namespacing": "model names are global across repositories (a name in two repositories is refused)",
+    "--grpc-max-connection-age": "gRPC connections are not closed by age (idle ones are, after "
+                                 "--grpc-idle-timeout-secs)",
+    "--grpc-max-connection-age-grace": "gRPC connections are not closed by age",
+    "--allow-sagemaker": "there is no SageMaker front end",
+    "--sagemaker-port": "there is no SageMaker front end",
+    "--sagemaker-safe-port-range": "there is no SageMaker front end",
+    "--sagemaker-thread-count": "there is no SageMaker front end",
+    "--allow-vertex-ai": "there is no Vertex AI front end",
+    "--vertex-ai-port": "there is no Vertex AI front end",
+    "--vertex-ai-thread-count": "there is no Vertex AI front end",
+    "--vertex-ai-default-model": "there is no Vertex AI front end",
+}
+
+
+def _ignored(group: argparse._ArgumentGroup, name: str) -> None:
+    group.add_argument(name, dest=_ignored_dest(name), default=argparse.SUPPRESS, nargs="?", const="true",
+                       metavar="VALUE", help=f"accepted for tritonserver compatibility and ignored: {IGNORED_FLAGS[name]}")
+
+
+def _ignored_dest(name: str) -> str:
+    return "ignored__" + name[2:].replace("-", "_")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trident", description="Triton-compatible inference server on trio")
     parser.add_argument("--version", action="version", version=f"trident {trident.__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    serve = sub.add_parser("serve", help="serve a model repository (the bundled example without --model-repository)")
+    serve = sub.add_parser("serve", help="serve a model repository (the bundled example without --model-repository)",
+                           formatter_class=_HelpFormatter,
+                           description="Serve model repositories over HTTP, gRPC and Prometheus metrics. Every "
+                                       "tritonserver flag is accepted; the ones that mean nothing here are logged "
+                                       "as ignored at start-up, with the reason.")
+    add_serve_arguments(serve)
+    return parser
+
+
+def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    """The ``serve`` flags, in tritonserver's groups."""
     d = ServerOptions()
-    g = serve.add_argument_group("repository")
+    g = serve.add_argument_group("Server")
+    g.add_argument("--id", dest="server_id", default=d.server_id, help="server identifier in server metadata")
+    g.add_argument("--exit-timeout-secs", type=_seconds, default=d.exit_timeout_secs,
+                   help="on SIGTERM/SIGINT, how long in-flight inferences may take before they are cancelled")
+
+    lg = serve.add_argument_group("Logging")
+    lg.add_argument("--log-verbose", type=_positive_int, default=d.log_verbose,
+                    help="verbose logging level (0: off, 1 and up: more detail)")
+    _flag(lg, "--log-info", d.log_info, "info messages")
+    _flag(lg, "--log-warning", d.log_warning, "warning messages")
+    _flag(lg, "--log-error", d.log_error, "error messages")
+    lg.add_argument("--log-format", choices=["default", "ISO8601"], default=d.log_format,
+                    help="log line format")
+    lg.add_argument("--log-file", default=d.log_file, help="write the log to this file instead of the console")
+
+    g = serve.add_argument_group("Model Repository")
     g.add_argument("--model-repository", "--model-store", action="append", dest="model_repositories",
                    metavar="PATH", help="model repository path (repeatable; default: the bundled example repository)")
-    g.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default=d.model_control_mode)
+    _flag(g, "--exit-on-error", d.exit_on_error, "exit when a model fails to load at start-up")
+    g.add_argument("--disable-auto-complete-config", action="store_true",
+                   help="do not complete model configs from the model files")
+    _flag(g, "--strict-readiness", d.strict_readiness, "ready only when every model is ready")
+    g.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default=d.model_control_mode,
+                   help="none: load all at start-up; poll: follow repository changes; explicit: the load API")
+    g.add_argument("--repository-poll-secs", type=_seconds, default=d.repository_poll_secs,
+                   help="seconds between repository polls (poll mode)")
     g.add_argument("--load-model", action="append", dest="load_models", default=[], metavar="NAME",
                    help="model to load at start-up in explicit mode (repeatable; '*' loads all)")
-    g.add_argument("--repository-poll-secs", type=_seconds, default=d.repository_poll_secs)
-    g.add_argument("--model-load-thread-count", type=_positive_int, default=d.model_load_thread_count)
-    g.add_argument("--model-config-name", default=d.model_config_name)
-    g.add_argument("--disable-auto-complete-config", action="store_true")
-    _flag(g, "--strict-model-config", False, "deprecated: true disables auto-complete")
-    _flag(g, "--strict-readiness", d.strict_readiness, "ready only when every model is ready")
-    _flag(g, "--exit-on-error", d.exit_on_error, "exit when a model fails to load at start-up")
-    g.add_argument("--exit-timeout-secs", type=_seconds, default=d.exit_timeout_secs)
-    g.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE")
-    _flag(g, "--allow-client-shm", d.allow_client_shm, "allow client shared memory registration")
+    g.add_argument("--model-config-name", default=d.model_config_name,
+                   help="config file name to prefer over config.pbtxt in each model folder")
+    g.add_argument("--model-load-thread-count", type=_positive_int, default=d.model_load_thread_count,
+                   help="models loaded in parallel")
+    for name in ("--model-load-retry-count", "--model-namespacing", "--enable-peer-access"):
+        _ignored(g, name)
 
-    sc = serve.add_argument_group("scheduling")
-    sc.add_argument("--rate-limit", choices=["off", "execution_count"], default=d.rate_limit,
-                    help="gate instance executions on their rate_limiter resources (default off)")
-    sc.add_argument("--rate-limit-resource", action="append", dest="rate_limit_resources", default=[],
-                    metavar="NAME:COUNT[:DEVICE]", help="copies of a rate-limiter resource (repeatable)")
-    sc.add_argument("--cache-config", action="append", dest="cache_config", default=[],
-                    metavar="CACHE,KEY=VALUE", help="response cache settings, e.g. local,size=1048576 (repeatable)")
-    g.add_argument("--id", dest="server_id", default=d.server_id, help="server identifier in server metadata")
-
-    h = serve.add_argument_group("front ends")
+    h = serve.add_argument_group("HTTP")
     _flag(h, "--allow-http", d.allow_http, "serve HTTP")
-    h.add_argument("--http-address", default=d.http_address)
-    h.add_argument("--http-port", type=_port, default=d.http_port)
-    h.add_argument("--http-max-input-size", type=_positive_int, default=d.http_max_input_size)
+    h.add_argument("--http-address", default=d.http_address, help="HTTP listen address")
+    h.add_argument("--http-port", type=_port, default=d.http_port, help="HTTP port")
+    _ignored(h, "--reuse-http-port")
+    h.add_argument("--http-header-forward-pattern", default=d.http_header_forward_pattern,
+                   help="regex of HTTP header names copied into inference request parameters")
+    _ignored(h, "--http-thread-count")
+    h.add_argument("--http-restricted-api", action="append", dest="http_restricted_api", default=[],
+                   metavar="API[,API...]:KEY=VALUE",
+                   help="serve these API groups only to requests with header KEY: VALUE (repeatable)")
+    h.add_argument("--http-max-input-size", type=_positive_int, default=d.http_max_input_size,
+                   help="largest request body in bytes")
     h.add_argument("--http-server", choices=["hypercorn", "trident"], default=d.http_server,
-                   help=f"HTTP/1.1 serving layer for the HTTP front end (default {d.http_server})")
+                   help="HTTP/1.1 serving layer (trident)")
     h.add_argument("--http-max-connections", type=_positive_int, default=d.http_max_connections,
                    help="open HTTP connections at most; at the limit accepting pauses (trident)")
     h.add_argument("--http-header-timeout-secs", type=_seconds, default=d.http_header_timeout_secs,
                    help="a request head must arrive whole within this (trident)")
     h.add_argument("--http-body-timeout-secs", type=_seconds, default=d.http_body_timeout_secs,
                    help="longest pause between request body bytes (trident)")
-    h.add_argument("--http-restricted-api", action="append", dest="http_restricted_api", default=[],
-                   metavar="API[,API...]:KEY=VALUE",
-                   help="serve these API groups only to requests with header KEY: VALUE (repeatable)")
+
+    h = serve.add_argument_group("GRPC")
     _flag(h, "--allow-grpc", d.allow_grpc, "serve gRPC")
-    h.add_argument("--grpc-address", default=d.grpc_address)
-    h.add_argument("--grpc-port", type=_port, default=d.grpc_port)
-    _flag(h, "--grpc-use-ssl", d.grpc_use_ssl, "TLS on the gRPC port")
-    h.add_argument("--grpc-server-cert", default="")
-    h.add_argument("--grpc-server-key", default="")
-    h.add_argument("--grpc-root-cert", default="")
-    _flag(h, "--grpc-use-ssl-mutual", d.grpc_use_ssl_mutual, "TLS with client certificates on the gRPC port")
-    h.add_argument("--grpc-infer-response-compression-level", choices=["none", "low", "medium", "high"],
-                   default=d.grpc_infer_response_compression_level)
+    h.add_argument("--grpc-address", default=d.grpc_address, help="gRPC listen address")
+    h.add_argument("--grpc-port", type=_port, default=d.grpc_port, help="gRPC port")
+    _ignored(h, "--reuse-grpc-port")
     h.add_argument("--grpc-header-forward-pattern", default=d.grpc_header_forward_pattern,
-                   help="regex of gRPC metadata keys copied into request parameters")
-    h.add_argument("--grpc-max-message-size", type=_positive_int, default=d.grpc_max_message_size)
-    h.add_argument("--grpc-restricted-protocol", action="append", dest="grpc_restricted_protocol", default=[],
-                   metavar="PROTOCOL[,PROTOCOL...]:KEY=VALUE",
-                   help="serve these RPC groups only to calls with metadata KEY: VALUE (repeatable)")
+                   help="regex of gRPC metadata keys copied into inference request parameters")
+    _ignored(h, "--grpc-infer-allocation-pool-size")
+    _flag(h, "--grpc-use-ssl", d.grpc_use_ssl, "TLS on the gRPC port")
+    _flag(h, "--grpc-use-ssl-mutual", d.grpc_use_ssl_mutual, "TLS with client certificates on the gRPC port")
+    h.add_argument("--grpc-server-cert", default="", help="server certificate file (PEM)")
+    h.add_argument("--grpc-server-key", default="", help="server key file (PEM)")
+    h.add_argument("--grpc-root-cert", default="", help="root certificate file for client certificates (PEM)")
+    h.add_argument("--grpc-infer-response-compression-level", choices=["none", "low", "medium", "high"],
+                   default=d.grpc_infer_response_compression_level, help="compression of inference responses")
     h.add_argument("--grpc-keepalive-time", type=_positive_int, default=d.grpc_keepalive_time, metavar="MS",
                    help="ping an idle connection after this many ms")
     h.add_argument("--grpc-keepalive-timeout", type=_positive_int, default=d.grpc_keepalive_timeout, metavar="MS",
@@ -147,6 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="client pings closer than this without data count as strikes")
     h.add_argument("--grpc-http2-max-ping-strikes", type=_positive_int, default=d.grpc_http2_max_ping_strikes,
                    help="strikes before GOAWAY ENHANCE_YOUR_CALM (0: no limit)")
+    _ignored(h, "--grpc-max-connection-age")
+    _ignored(h, "--grpc-max-connection-age-grace")
+    h.add_argument("--grpc-restricted-protocol", action="append", dest="grpc_restricted_protocol", default=[],
+                   metavar="PROTOCOL[,PROTOCOL...]:KEY=VALUE",
+                   help="serve these RPC groups only to calls with metadata KEY: VALUE (repeatable)")
+    h.add_argument("--grpc-max-message-size", type=_positive_int, default=d.grpc_max_message_size,
+                   help="largest gRPC message in bytes")
     h.add_argument("--grpc-max-connections", type=_positive_int, default=d.grpc_max_connections,
                    help="open gRPC connections at most; at the limit accepting pauses (trident)")
     h.add_argument("--grpc-idle-timeout-secs", type=_seconds, default=d.grpc_idle_timeout_secs,
@@ -159,35 +252,91 @@ def build_parser() -> argparse.ArgumentParser:
                    help="request bytes buffered across all gRPC connections (trident)")
     h.add_argument("--grpc-http2", choices=("trident", "h2"), default=d.grpc_http2,
                    help="HTTP/2 implementation under gRPC: trident's own, or the h2 library (fallback; trident)")
-    _flag(h, "--allow-metrics", d.allow_metrics, "serve Prometheus metrics")
-    _flag(h, "--allow-gpu-metrics", d.allow_gpu_metrics, "GPU metrics")
-    _flag(h, "--allow-cpu-metrics", d.allow_cpu_metrics, "CPU metrics")
-    h.add_argument("--metrics-address", default=d.metrics_address)
-    h.add_argument("--metrics-port", type=_port, default=d.metrics_port)
-    h.add_argument("--metrics-interval-ms", type=_positive_int, default=d.metrics_interval_ms)
-    h.add_argument("--metrics-config", action="append", dest="metrics_config", default=[], metavar="KEY=VALUE",
+
+    sm = serve.add_argument_group("Sagemaker")
+    for name in ("--allow-sagemaker", "--sagemaker-port", "--sagemaker-safe-port-range", "--sagemaker-thread-count"):
+        _ignored(sm, name)
+    vx = serve.add_argument_group("Vertex")
+    for name in ("--allow-vertex-ai", "--vertex-ai-port", "--vertex-ai-thread-count", "--vertex-ai-default-model"):
+        _ignored(vx, name)
+
+    m = serve.add_argument_group("Metrics")
+    _flag(m, "--allow-metrics", d.allow_metrics, "serve Prometheus metrics")
+    _flag(m, "--allow-gpu-metrics", d.allow_gpu_metrics, "GPU metrics")
+    _flag(m, "--allow-cpu-metrics", d.allow_cpu_metrics, "CPU metrics")
+    m.add_argument("--metrics-address", default=d.metrics_address, help="metrics listen address (default: HTTP's)")
+    m.add_argument("--metrics-port", type=_port, default=d.metrics_port, help="metrics port")
+    m.add_argument("--metrics-interval-ms", type=_positive_int, default=d.metrics_interval_ms,
+                   help="how often GPU/CPU metrics are sampled")
+    m.add_argument("--metrics-config", action="append", dest="metrics_config", default=[], metavar="KEY=VALUE",
                    help="summary_latencies, summary_quantiles, histogram_latencies, counter_latencies")
-    h.add_argument("--trace-config", action="append", dest="trace_config", default=[],
+
+    t = serve.add_argument_group("Tracing")
+    t.add_argument("--trace-config", action="append", dest="trace_config", default=[],
                    metavar="[MODE,]KEY=VALUE", help="level, rate, count, mode; triton,file / triton,log-frequency")
 
-    lg = serve.add_argument_group("logging")
-    lg.add_argument("--log-verbose", type=_positive_int, default=d.log_verbose)
-    _flag(lg, "--log-info", d.log_info, "info messages")
-    _flag(lg, "--log-warning", d.log_warning, "warning messages")
-    _flag(lg, "--log-error", d.log_error, "error messages")
-    lg.add_argument("--log-format", choices=["default", "ISO8601"], default=d.log_format)
-    lg.add_argument("--log-file", default=d.log_file)
-    return parser
+    b = serve.add_argument_group("Backend")
+    _ignored(b, "--backend-directory")
+    b.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE",
+                   help="a backend setting (repeatable), e.g. python,shm-default-byte-size=...")
+
+    a = serve.add_argument_group("Repository Agent")
+    _ignored(a, "--repoagent-directory")
+
+    c = serve.add_argument_group("Response Cache")
+    c.add_argument("--cache-config", action="append", dest="cache_config", default=[],
+                   metavar="CACHE,KEY=VALUE", help="response cache settings, e.g. local,size=1048576 (repeatable)")
+    _ignored(c, "--cache-directory")
+
+    r = serve.add_argument_group("Rate Limiter")
+    r.add_argument("--rate-limit", choices=["off", "execution_count"], default=d.rate_limit,
+                   help="gate instance executions on their rate_limiter resources")
+    r.add_argument("--rate-limit-resource", action="append", dest="rate_limit_resources", default=[],
+                   metavar="NAME:COUNT[:DEVICE]", help="copies of a rate-limiter resource (repeatable)")
+
+    mm = serve.add_argument_group("Memory/Device Management")
+    for name in ("--pinned-memory-pool-byte-size", "--cuda-memory-pool-byte-size", "--cuda-virtual-address-size",
+                 "--min-supported-compute-capability", "--buffer-manager-thread-count", "--host-policy",
+                 "--model-load-gpu-limit"):
+        _ignored(mm, name)
+    _flag(mm, "--allow-client-shm", d.allow_client_shm, "allow client shared memory registration (trident)")
+
+    dep = serve.add_argument_group("DEPRECATED")
+    _flag(dep, "--strict-model-config", False, "true disables auto-complete (use --disable-auto-complete-config)")
+    dep.add_argument("--response-cache-byte-size", type=_positive_int, default=None, metavar="BYTES",
+                     help="the local response cache's size (use --cache-config=local,size=BYTES)")
+    dep.add_argument("--trace-file", default=None, help="use --trace-config=triton,file=PATH")
+    dep.add_argument("--trace-log-frequency", default=None, help="use --trace-config=triton,log-frequency=N")
+    dep.add_argument("--trace-level", action="append", default=None, help="use --trace-config=level=LEVEL")
+    dep.add_argument("--trace-rate", default=None, help="use --trace-config=rate=N")
+    dep.add_argument("--trace-count", default=None, help="use --trace-config=count=N")
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
     """ServerOptions from parsed ``serve`` arguments; raises ValueError for inconsistent ones."""
     opts = ServerOptions()
+    deprecated = ("response_cache_byte_size", "trace_file", "trace_log_frequency", "trace_level", "trace_rate",
+                  "trace_count")
     for key, value in vars(args).items():
-        if key in ("command", "model_repositories", "backend_config", "strict_model_config"):
+        if key in ("command", "model_repositories", "backend_config", "strict_model_config", *deprecated):
+            continue
+        if key.startswith("ignored__"):
+            flag = "--" + key[len("ignored__"):].replace("_", "-")
+            opts.ignored_flags.append((flag, str(value), IGNORED_FLAGS[flag]))
             continue
         if hasattr(opts, key):
             setattr(opts, key, value)
+    # tritonserver's deprecated flags, as the settings that replace them
+    if getattr(args, "response_cache_byte_size", None) is not None:
+        opts.cache_config = [f"local,size={args.response_cache_byte_size}", *opts.cache_config]
+    legacy_trace = []
+    for level in getattr(args, "trace_level", None) or []:
+        legacy_trace.append(f"level={level}")
+    for key, setting in (("trace_rate", "rate"), ("trace_count", "count"), ("trace_file", "triton,file"),
+                         ("trace_log_frequency", "triton,log-frequency")):
+        if getattr(args, key, None) is not None:
+            legacy_trace.append(f"{setting}={getattr(args, key)}")
+    opts.trace_config = [*legacy_trace, *opts.trace_config]
     if args.model_repositories:
         opts.model_repositories = list(args.model_repositories)
     if args.strict_model_config:
@@ -227,16 +376,29 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     return opts
 
 
+def tritonserver_main(argv: Sequence[str] | None = None) -> int:
+    """The ``tritonserver`` command: ``trident serve`` under tritonserver's name and usage."""
+    parser = _Parser(prog="tritonserver", formatter_class=_HelpFormatter,
+                     description="trident, serving as tritonserver: the flags of trident serve.")
+    parser.add_argument("--version", action="version", version=f"trident {trident.__version__}")
+    add_serve_arguments(parser)
+    return _serve(parser.parse_args(argv), "tritonserver")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command != "serve":
         parser.print_help()
         return 2
+    return _serve(args, "trident")
+
+
+def _serve(args: argparse.Namespace, prog: str) -> int:
     try:
         options = options_from_args(args)
     except ValueError as e:
-        sys.stderr.write(f"trident: error: {e}\n")
+        sys.stderr.write(f"{prog}: error: {e}\n")
         return 2
     from trident.serve import serve
 

@@ -17,6 +17,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+import trident
+
 log = logging.getLogger("trident.metrics")
 
 
@@ -100,7 +102,7 @@ class GpuMetrics(Collector):
 
                 self._nvml = pynvml
             except ImportError:
-                self.reason = 'pynvml is not installed (pip install "trident[gpu]")'
+                self.reason = f'pynvml is not installed (pip install "{trident.DISTRIBUTION}[gpu]")'
                 return
         try:
             self._nvml.nvmlInit()

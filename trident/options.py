@@ -34,6 +34,7 @@ class ServerOptions:
     grpc_use_ssl_mutual: bool = False
     grpc_infer_response_compression_level: str = "none"  # none | low | medium | high
     grpc_header_forward_pattern: str = ""
+    http_header_forward_pattern: str = ""
     grpc_max_message_size: int = 1024 * 1024 * 1024
     # gRPC keepalive and HTTP/2 ping policy (tritonserver's flags and defaults; times in ms)
     grpc_keepalive_time: int = 7_200_000
@@ -84,3 +85,5 @@ class ServerOptions:
     log_error: bool = True
     log_format: str = "default"
     log_file: str = ""
+    # tritonserver flags given that mean nothing here: (flag, value, why), logged at start-up
+    ignored_flags: list[tuple[str, str, str]] = field(default_factory=list)

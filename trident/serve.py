@@ -8,9 +8,13 @@ then ``open_server`` unloads the models.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import signal
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -21,13 +25,44 @@ from trident.server import Server, open_server
 log = logging.getLogger("trident.serve")
 
 
+class StartError(Exception):
+    """A front end could not start (its address is in use, or cannot be bound): one line."""
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError in ``exc`` (itself, or inside exception groups), if any."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _os_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
+async def _start(nursery: trio.Nursery, fn: Any, service: str, host: str, port: int) -> Any:
+    """``nursery.start(fn)``; raises StartError naming ``service``, its address and port when
+    binding fails (instead of the traceback of a nested OSError)."""
+    try:
+        return await nursery.start(fn)
+    except BaseException as exc:
+        error = _os_error(exc)
+        if error is None:
+            raise
+        why = "already in use" if error.errno == errno.EADDRINUSE else (error.strerror or str(error))
+        raise StartError(f"failed to start {service}: address {host or '0.0.0.0'}:{port} {why}") from None
+
+
 async def _start_front_ends(server: Server, nursery: trio.Nursery, http_nursery: trio.Nursery,
                             shutdown: trio.Event) -> None:
+    """Start the enabled front ends. Raises StartError when one cannot bind its address."""
     opts = server.options
     if opts.allow_grpc:
         from trident.grpc.serve import serve_grpc
 
-        port = await nursery.start(partial(serve_grpc, server, host=opts.grpc_address, port=opts.grpc_port))
+        port = await _start(nursery, partial(serve_grpc, server, host=opts.grpc_address, port=opts.grpc_port),
+                            "GRPC service", opts.grpc_address, opts.grpc_port)
         log.info("Started GRPCInferenceService at %s:%s", opts.grpc_address, port)
     if opts.allow_http:
         if opts.http_server == "trident":
@@ -35,14 +70,30 @@ async def _start_front_ends(server: Server, nursery: trio.Nursery, http_nursery:
         else:
             from trident.http.serve import serve_http
 
-        port = await http_nursery.start(partial(serve_http, server, host=opts.http_address, port=opts.http_port,
-                                                shutdown_trigger=shutdown.wait))
+        port = await _start(http_nursery, partial(serve_http, server, host=opts.http_address, port=opts.http_port,
+                                                  shutdown_trigger=shutdown.wait),
+                            "HTTP service", opts.http_address, opts.http_port)
         log.info("Started HTTPService at %s:%s", opts.http_address, port)
     if opts.allow_metrics:
         from trident.metrics import serve_metrics
 
-        port = await nursery.start(partial(serve_metrics, server, host=opts.metrics_address, port=opts.metrics_port))
+        port = await _start(nursery, partial(serve_metrics, server, host=opts.metrics_address, port=opts.metrics_port),
+                            "Metrics service", opts.metrics_address, opts.metrics_port)
         log.info("Started Metrics Service at %s:%s", opts.metrics_address, port)
+
+
+def _missing_repository(opts: ServerOptions) -> str | None:
+    """Why a ``--model-repository`` cannot be served (None when all can): a missing or
+    unreadable folder stops the server at start-up, as tritonserver does."""
+    for path in opts.model_repositories:
+        folder = Path(path)
+        if not folder.exists():
+            return f"model repository '{path}' does not exist"
+        if not folder.is_dir():
+            return f"model repository '{path}' is not a directory"
+        if not os.access(folder, os.R_OK | os.X_OK):
+            return f"model repository '{path}' cannot be read"
+    return None
 
 
 def _warn_open_model_control(opts: ServerOptions) -> None:
@@ -64,7 +115,13 @@ async def serve(options: ServerOptions) -> int:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         log_settings = LogSettings.from_options(options)
         log_settings.install()
+        missing = _missing_repository(options)
+        if missing is not None:
+            log.error("error: creating server: %s", missing)
+            return 1
         _warn_open_model_control(options)
+        for flag, value, why in options.ignored_flags:
+            log.warning("ignoring %s=%s: %s", flag, value, why)
         async with open_server(options, log_settings) as server:
             failed = [e for e in server.repository_index() if e.state == "UNAVAILABLE" and e.reason != "unloaded"]
             if failed and options.exit_on_error:
@@ -75,23 +132,29 @@ async def serve(options: ServerOptions) -> int:
             shutdown = trio.Event()
             # HTTP stops by itself once triggered (hypercorn finishes open responses); gRPC and
             # metrics are cancelled after the drain (gRPC sends GOAWAY and drains its calls)
+            # (a return inside these nurseries would be lost when their cancellation unwinds)
+            status = 0
             async with trio.open_nursery() as http_nursery:
                 async with trio.open_nursery() as front_ends:
                     try:
                         await _start_front_ends(server, front_ends, http_nursery, shutdown)
-                    except OSError as e:
-                        log.error("failed to start a front end: %s", e)
+                    except StartError as e:
+                        log.error("%s", e)
+                        status = 1
                         front_ends.cancel_scope.cancel()
                         http_nursery.cancel_scope.cancel()
-                        return 1
-                    async for signum in signals:
-                        log.info("signal (%d) received, waiting for in-flight inferences to complete", signum)
-                        break
-                    server.stopping = True
-                    shutdown.set()
-                    if not await server.wait_drained(options.exit_timeout_secs):
-                        log.warning("exit timeout (%.0f s) expired with requests in flight", options.exit_timeout_secs)
-                    front_ends.cancel_scope.cancel()
+                    else:
+                        async for signum in signals:
+                            log.info("signal (%d) received, waiting for in-flight inferences to complete", signum)
+                            break
+                        server.stopping = True
+                        shutdown.set()
+                        if not await server.wait_drained(options.exit_timeout_secs):
+                            log.warning("exit timeout (%.0f s) expired with requests in flight",
+                                        options.exit_timeout_secs)
+                        front_ends.cancel_scope.cancel()
                 http_nursery.cancel_scope.deadline = trio.current_time() + options.exit_timeout_secs
+    if status:
+        return status
     log.info("server stopped")
     return 0

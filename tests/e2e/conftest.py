@@ -74,9 +74,11 @@ class RunningServer:
 
 
 def start_server(*flags: str, repo: Path | str | None = None, timeout: float = 60.0,
-                 env: dict[str, str] | None = None, expect: tuple[str, ...] | None = None) -> RunningServer:
-    """Start ``trident serve`` and wait until every enabled front end has bound its port."""
-    cmd = [sys.executable, "-m", "trident", "serve",
+                 env: dict[str, str] | None = None, expect: tuple[str, ...] | None = None,
+                 command: list[str] | None = None) -> RunningServer:
+    """Start ``trident serve`` (or ``command``, e.g. the ``tritonserver`` script) and wait until
+    every enabled front end has bound its port."""
+    cmd = [*(command or [sys.executable, "-m", "trident", "serve"]),
            "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
            "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
     if repo is not None:

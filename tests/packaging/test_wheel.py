@@ -17,7 +17,7 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
                     str(ROOT)], check=True, timeout=300)
-    (path,) = out.glob("trident-*.whl")
+    (path,) = out.glob("trident_inference-*.whl")  # the distribution name (the import name is trident)
     return zipfile.ZipFile(path)
 
 
@@ -46,7 +46,10 @@ def test_example_repository_and_data_files_are_in_the_wheel(wheel):
         assert f"trident/example_repository/{model}/1/model.py" in names
     assert "trident/protocol/model_config.proto" in names
     entry = [n for n in names if n.endswith("entry_points.txt")]
-    assert entry and "trident = trident.cli:main" in wheel.read(entry[0]).decode()
+    scripts = wheel.read(entry[0]).decode() if entry else ""
+    assert "trident = trident.cli:main" in scripts and "tritonserver = trident.cli:tritonserver_main" in scripts
+    metadata = [n for n in names if n.endswith(".dist-info/METADATA")]
+    assert metadata and "Name: trident-inference" in wheel.read(metadata[0]).decode()
 
 
 def test_import_backends_imports_no_framework():

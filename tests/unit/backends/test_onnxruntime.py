@@ -283,7 +283,7 @@ def test_kind_gpu_without_cuda_is_unsupported(tmp_path):
     with pytest.raises(TritonError) as e:
         get_backend("onnxruntime").load_instance(context(folder, config, "KIND_GPU", 0))
     assert e.value.code == Code.UNSUPPORTED
-    assert "CUDAExecutionProvider" in e.value.message and 'trident[onnxruntime-gpu]' in e.value.message
+    assert "CUDAExecutionProvider" in e.value.message and 'trident-inference[onnxruntime-gpu]' in e.value.message
 
 
 def test_missing_model_file_and_folder_form(tmp_path):

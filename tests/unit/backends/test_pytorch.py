@@ -234,4 +234,4 @@ def test_weight_sharing_and_missing_file(tmp_path):
 def test_missing_framework_names_the_extra():
     with pytest.raises(TritonError) as e:
         require("torch_that_is_not_installed", "pytorch", "pytorch")
-    assert e.value.code == Code.UNSUPPORTED and 'pip install "trident[pytorch]"' in e.value.message
+    assert e.value.code == Code.UNSUPPORTED and 'pip install "trident-inference[pytorch]"' in e.value.message

@@ -132,4 +132,4 @@ def test_without_tensorrt_or_cuda_load_and_autocomplete_are_unsupported(tmp_path
         if HAS_TENSORRT:  # a GPU host: no CUDA device, or the bytes are not an engine
             assert e.value.code in (Code.UNSUPPORTED, Code.INVALID_ARG)
         else:
-            assert e.value.code == Code.UNSUPPORTED and 'pip install "trident[tensorrt]"' in e.value.message
+            assert e.value.code == Code.UNSUPPORTED and 'pip install "trident-inference[tensorrt]"' in e.value.message

@@ -1,0 +1,73 @@
+"""Start-up as an operator expects (issue [11] parts 2-3): the real ``trident serve`` and
+``tritonserver`` commands, one-line errors with exit status 1, ignored tritonserver flags."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import start_server
+
+LOOP = "127.0.0.1"
+ADDRESSES = ["--http-address", LOOP, "--grpc-address", LOOP, "--metrics-address", LOOP]
+
+
+def _run(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trident", "serve", *ADDRESSES, *argv], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _errors(proc: subprocess.CompletedProcess) -> list[str]:
+    """The log lines that are not info lines (warnings and errors), and any traceback line."""
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if line and not line.startswith("I")]
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_a_repository_that_cannot_be_served_exits_1_with_one_line(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "nowhere"
+    if kind == "file":
+        path.write_text("not a folder")
+    proc = _run("--model-repository", str(path), "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0")
+    assert proc.returncode == 1
+    lines = _errors(proc)
+    assert len(lines) == 1 and "error: creating server: model repository" in lines[0] and str(path) in lines[0]
+
+
+@pytest.mark.parametrize(("front_end", "http_server"), [("http", "trident"), ("http", "hypercorn"),
+                                                        ("grpc", "trident"), ("metrics", "trident")])
+def test_a_port_in_use_exits_1_naming_the_address(front_end: str, http_server: str) -> None:
+    with socket.socket() as taken:
+        taken.bind((LOOP, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = {"http": "0", "grpc": "0", "metrics": "0", front_end: str(port)}
+        proc = _run("--http-server", http_server, "--http-port", ports["http"], "--grpc-port", ports["grpc"],
+                    "--metrics-port", ports["metrics"])
+    assert proc.returncode == 1
+    lines = _errors(proc)
+    service = {"http": "HTTP service", "grpc": "GRPC service", "metrics": "Metrics service"}[front_end]
+    assert len(lines) == 1, lines  # no traceback
+    assert f"failed to start {service}: address {LOOP}:{port} already in use" in lines[0]
+
+
+def test_tritonserver_command_serves_and_logs_ignored_flags_once() -> None:
+    script = Path(sys.executable).parent / "tritonserver"
+    assert script.exists(), "pip install installs the tritonserver command next to python"
+    server = start_server("--backend-directory=/opt/tritonserver/backends", "--pinned-memory-pool-byte-size=268435456",
+                          "--trace-level=TIMESTAMPS", "--trace-rate=1", "--response-cache-byte-size=1048576",
+                          command=[str(script)])
+    try:
+        assert httpx.get(f"http://{server.http_url}/v2/health/ready").status_code == 200
+        settings = httpx.get(f"http://{server.http_url}/v2/trace/setting").json()
+        assert settings["trace_level"] == ["TIMESTAMPS"] and settings["trace_rate"] == "1"
+        log = server.log()
+        assert log.count("ignoring --backend-directory=/opt/tritonserver/backends: backends are Python modules") == 1
+        assert log.count("ignoring --pinned-memory-pool-byte-size=268435456") == 1
+        assert "ignoring --trace" not in log and "ignoring --response-cache" not in log
+    finally:
+        assert server.stop() == 0
