@@ -2,25 +2,29 @@
 
 Nursery tree: ``open_server`` (repository nursery: models) > front-ends nursery (HTTP, gRPC,
 metrics). A signal marks the server as stopping (new inferences get UNAVAILABLE, readiness
-goes false), waits up to ``exit_timeout_secs`` for in-flight requests, cancels the front ends,
-then ``open_server`` unloads the models.
+goes false, liveness stays true: the front ends keep answering), waits up to
+``exit_timeout_secs`` for in-flight requests, stops the front ends, then ``open_server``
+unloads the models.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import signal
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
+import trident
 from trident.logs import LogSettings
 from trident.options import ServerOptions
-from trident.server import Server, open_server
+from trident.server import EXTENSIONS, Server, open_server
 
 log = logging.getLogger("trident.serve")
 
@@ -82,6 +86,48 @@ async def _start_front_ends(server: Server, nursery: trio.Nursery, http_nursery:
         log.info("Started Metrics Service at %s:%s", opts.metrics_address, port)
 
 
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A text table in tritonserver's start-up style (``+---+`` rules, ``| a | b |`` rows)."""
+    widths = [max([len(h), *(len(str(r[i])) for r in rows)]) for i, h in enumerate(headers)]
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    return "\n".join([rule, line(headers), rule, *(line(r) for r in rows), rule])
+
+
+def startup_tables(server: Server) -> list[str]:
+    """The tables tritonserver logs once its models are loaded: backends, models (version,
+    status with the reason of a failure) and options."""
+    opts = server.options
+    backends: dict[str, str] = {}
+    for mv in server.repository.serving():
+        name = getattr(mv.config, "backend", "") or getattr(mv.config, "platform", "")
+        if name and name not in backends:
+            config = opts.backend_config.get(name, {})
+            backends[name] = json.dumps({"cmdline": {**opts.backend_config.get("", {}), **config}}, sort_keys=True)
+    models = [(e.name, e.version or "-", e.state if e.state == "READY" or not e.reason else f"{e.state}: {e.reason}")
+              for e in server.repository_index() if e.state and e.reason != "unloaded"]
+    mode = {"none": "MODE_NONE", "poll": "MODE_POLL", "explicit": "MODE_EXPLICIT"}[opts.model_control_mode]
+    options: list[tuple[str, str]] = [
+        ("server_id", opts.server_id), ("server_version", f"trident {trident.__version__}"),
+        ("server_extensions", " ".join(EXTENSIONS)),
+        *((f"model_repository_path[{i}]", path) for i, path in enumerate(opts.model_repositories)),
+        ("model_control_mode", mode),
+        *((f"startup_models_{i}", name) for i, name in enumerate(opts.load_models)),
+        ("strict_model_config", str(int(opts.disable_auto_complete_config))),
+        ("model_config_name", opts.model_config_name),
+        ("rate_limit", "OFF" if opts.rate_limit == "off" else "EXEC_COUNT"),
+        ("strict_readiness", str(int(opts.strict_readiness))), ("exit_timeout", f"{opts.exit_timeout_secs:g}"),
+        ("cache_enabled", str(int(bool(opts.cache_config)))),
+        ("http_server", opts.http_server), ("grpc_http2", opts.grpc_http2),
+    ]
+    return [format_table(("Backend", "Config"), list(backends.items())),
+            format_table(("Model", "Version", "Status"), models),
+            format_table(("Option", "Value"), options)]
+
+
 def _missing_repository(opts: ServerOptions) -> str | None:
     """Why a ``--model-repository`` cannot be served (None when all can): a missing or
     unreadable folder stops the server at start-up, as tritonserver does."""
@@ -122,7 +168,10 @@ async def serve(options: ServerOptions) -> int:
         _warn_open_model_control(options)
         for flag, value, why in options.ignored_flags:
             log.warning("ignoring %s=%s: %s", flag, value, why)
+        log.info("trident %s (Triton-compatible inference server, KServe v2) starting", trident.__version__)
         async with open_server(options, log_settings) as server:
+            for table in startup_tables(server):
+                log.info("\n%s\n", table)
             failed = [e for e in server.repository_index() if e.state == "UNAVAILABLE" and e.reason != "unloaded"]
             if failed and options.exit_on_error:
                 for e in failed:
@@ -147,11 +196,13 @@ async def serve(options: ServerOptions) -> int:
                         async for signum in signals:
                             log.info("signal (%d) received, waiting for in-flight inferences to complete", signum)
                             break
+                        # drain with the front ends up: new inferences get 503 / UNAVAILABLE,
+                        # ready is false, live true, keep-alive clients get answers
                         server.stopping = True
-                        shutdown.set()
                         if not await server.wait_drained(options.exit_timeout_secs):
                             log.warning("exit timeout (%.0f s) expired with requests in flight",
                                         options.exit_timeout_secs)
+                        shutdown.set()
                         front_ends.cancel_scope.cancel()
                 http_nursery.cancel_scope.deadline = trio.current_time() + options.exit_timeout_secs
     if status:

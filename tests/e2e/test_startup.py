@@ -23,8 +23,9 @@ def _run(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 def _errors(proc: subprocess.CompletedProcess) -> list[str]:
-    """The log lines that are not info lines (warnings and errors), and any traceback line."""
-    return [line for line in (proc.stdout + proc.stderr).splitlines() if line and not line.startswith("I")]
+    """The warning and error lines of the log, and any line of a traceback."""
+    return [line for line in (proc.stdout + proc.stderr).splitlines()
+            if line[:1] in ("E", "W") or "Traceback" in line or line.startswith("  File ")]
 
 
 @pytest.mark.parametrize("kind", ["missing", "file"])
@@ -69,5 +70,59 @@ def test_tritonserver_command_serves_and_logs_ignored_flags_once() -> None:
         assert log.count("ignoring --backend-directory=/opt/tritonserver/backends: backends are Python modules") == 1
         assert log.count("ignoring --pinned-memory-pool-byte-size=268435456") == 1
         assert "ignoring --trace" not in log and "ignoring --response-cache" not in log
+        # tritonserver's start-up tables: models with their status, then the options
+        import re
+
+        assert re.search(r"\| Model +\| Version \| Status +\|", log)
+        assert re.search(r"\| identity_fp32 +\| 1 +\| READY +\|", log)
+        assert re.search(r"\| model_control_mode +\| MODE_NONE +\|", log)
+        assert re.search(r"\| cache_enabled +\| 1 +\|", log)  # --response-cache-byte-size enables it
     finally:
         assert server.stop() == 0
+
+
+def test_during_the_drain_http_keeps_answering(tmp_path: Path) -> None:
+    """SIGTERM with a request in flight: until it ends, live stays true, ready is false and new
+    inferences get 503 on a keep-alive connection opened before the signal; then the process
+    exits 0 and the in-flight request gets its answer."""
+    import signal
+    import threading
+    import time
+
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    from tests.e2e.models import SLOW_CONFIG, SLOW_PY, write_model
+
+    repo = tmp_path / "repo"
+    write_model(repo, "slow", SLOW_CONFIG, SLOW_PY)
+    server = start_server(repo=repo)
+    marker = tmp_path / "started"
+    result: dict[str, object] = {}
+
+    def call(seconds: float) -> None:
+        with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as c:
+            inp = httpclient.InferInput("X", [1], "FP32")
+            inp.set_data_from_numpy(np.array([seconds], np.float32))
+            result["y"] = c.infer("slow", [inp], parameters={"marker": str(marker)}).as_numpy("Y").tolist()
+
+    with httpx.Client(base_url=f"http://{server.http_url}") as keep_alive:
+        assert keep_alive.get("/v2/health/ready").status_code == 200
+        thread = threading.Thread(target=call, args=(3.0,))
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert server.proc.poll() is None  # draining
+        assert keep_alive.get("/v2/health/live").status_code == 200
+        assert keep_alive.get("/v2/health/ready").status_code == 400
+        body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [0.0]}]}
+        refused = keep_alive.post("/v2/models/slow/infer", json=body)
+        assert refused.status_code == 503 and "stopping" in refused.json()["error"]
+        with httpx.Client(base_url=f"http://{server.http_url}") as fresh:  # a new connection is still served
+            assert fresh.get("/v2/health/live").status_code == 200
+    thread.join(30)
+    assert result.get("y") == [3.0]
+    assert server.proc.wait(30) == 0
