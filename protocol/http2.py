@@ -266,13 +266,15 @@ class H2Server:
     GOAWAY ENHANCE_YOUR_CALM), ``max_header_block`` a compressed block (HEADERS + CONTINUATION;
     beyond it: GOAWAY ENHANCE_YOUR_CALM), ``max_open_streams`` the streams open at once (beyond
     it: RST_STREAM REFUSED_STREAM). ``connection_window``: the receive window of the connection,
-    announced with the first SETTINGS.
+    announced with the first SETTINGS. ``header_cache=False`` turns both HPACK caches off (the
+    fuzz target compares the two).
     """
 
     def __init__(self, *, max_concurrent_streams: int = 100, initial_window_size: int = DEFAULT_WINDOW,
                  max_frame_size: int = MIN_FRAME_SIZE, max_header_list_size: int = 64 * 1024,
                  max_header_list_hard: int = 1024 * 1024, max_header_block: int = 256 * 1024,
-                 max_open_streams: int = 1 << 16, connection_window: int = MAX_WINDOW) -> None:
+                 max_open_streams: int = 1 << 16, connection_window: int = MAX_WINDOW,
+                 header_cache: bool = True) -> None:
         if not MIN_FRAME_SIZE <= max_frame_size <= MAX_FRAME_SIZE_LIMIT:
             raise ValueError(f"max_frame_size {max_frame_size} outside [{MIN_FRAME_SIZE}, {MAX_FRAME_SIZE_LIMIT}]")
         if not 0 <= initial_window_size <= MAX_WINDOW or not DEFAULT_WINDOW <= connection_window <= MAX_WINDOW:
@@ -316,6 +318,8 @@ class H2Server:
         self._encoder = hpack.Encoder()
         self._decode_cache: dict[bytes, tuple[tuple[tuple[bytes, bytes], ...], str | None]] = {}
         self._encode_cache: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
+        self._cache_entries = _DECODE_CACHE_ENTRIES if header_cache else 0
+        self._encode_entries = _ENCODE_CACHE_ENTRIES if header_cache else 0
         #: decode cache statistics (hits, misses), for tests and benchmarks
         self.cache_hits = 0
         self.cache_misses = 0
@@ -495,6 +499,8 @@ class H2Server:
         pad = 0
         body = start
         if flags & FLAG_PADDED:
+            if not length:
+                self._connection_error(FRAME_SIZE_ERROR, "padded DATA without a pad length")
             if end - start < 1:  # the pad length has not arrived: keep the header
                 self._in += view[start - 9 : end]
                 return end
@@ -535,16 +541,17 @@ class H2Server:
                     self._remote_end(target)
             return pos
         # the frame goes on in later chunks: pass on what is here now
-        take = have
+        take = min(have, data_length)
+        pad_here = have - take  # < pad: the frame is not whole
         self._data_left = data_length - take
-        self._pad_left = pad
+        self._pad_left = pad - pad_here
         self._data_stream = target
         self._data_end = ended
-        flow = take + (body - start)
+        flow = take + pad_here + (body - start)
         if target is None:
             self._auto_ack(flow)
-        elif take or flow:
-            chunk = view[body:end] if owned else bytes(view[body:end])
+        elif flow:
+            chunk = view[body : body + take] if owned else bytes(view[body : body + take])
             events.append((DATA, stream_id, chunk, flow, False))
         return end
 
@@ -657,8 +664,8 @@ class H2Server:
             size = 0
             for name, value in headers:
                 size += len(name) + len(value) + 32
-            if len(block) <= _DECODE_CACHE_BLOCK and size <= _DECODE_CACHE_LIST:
-                if len(cache) >= _DECODE_CACHE_ENTRIES:
+            if len(block) <= _DECODE_CACHE_BLOCK and size <= _DECODE_CACHE_LIST and self._cache_entries:
+                if len(cache) >= self._cache_entries:
                     cache.clear()
                 cache[block] = entry
         else:
@@ -871,9 +878,9 @@ class H2Server:
                 return block
         block = self._encoder.encode(headers, huffman=True)
         if table_neutral(block):
-            if key is not None:
+            if key is not None and self._encode_entries:
                 cache = self._encode_cache
-                if len(cache) >= _ENCODE_CACHE_ENTRIES:
+                if len(cache) >= self._encode_entries:
                     cache.clear()
                 cache[key] = block
         else:
