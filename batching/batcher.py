@@ -18,6 +18,7 @@ a retired instance finishes its current batch first.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
@@ -36,7 +37,10 @@ from trident.batching.policy import (
 )
 from trident.batching.scheduler import ExecuteBatch, Schedulable, Scheduler
 from trident.errors import TritonError, unavailable
+from trident.logs import VERBOSE
 from trident.types import InferenceResponse
+
+log = logging.getLogger("trident.batcher")
 
 
 class Turn:
@@ -267,6 +271,9 @@ class DynamicScheduler(Scheduler):
                     wake_at = now + decision.wait
                 break
             items = [e.item for e in self._queue.pop(decision.take)]
+            if log.isEnabledFor(VERBOSE):  # --log-verbose: the scheduler's decisions
+                log.log(VERBOSE, "dynamic batcher: batch of %d request(s), batch size %d, %d still queued",
+                        len(items), sum(item.batch_size for item in items), len(self._queue), extra={"verbose": 1})
             if self._sequencer is not None:
                 for item in items:
                     item.turn = self._sequencer.next()

@@ -38,6 +38,7 @@ from trident.batching.rate_limiter import RateLimiter
 from trident.config_validation import ENSEMBLE_PLATFORM, confine_model_files, validate_config
 from trident.devices import gpu_count
 from trident.errors import Code, TritonError, internal, invalid_arg, not_found, unavailable, unsupported
+from trident.logs import VERBOSE
 from trident.model import ModelVersion
 from trident.protocol.generated.inference import ModelConfig
 
@@ -379,6 +380,10 @@ class ModelRepository:
         rec.tmpdir = tmpdir
         rec.composing = [dep for mv in fresh.values() if isinstance(mv, EnsembleVersion) for dep in mv.composing()]
         log.info("successfully loaded '%s' version(s) %s in %.3f s", name, sorted(fresh), time.monotonic() - started)
+        if log.isEnabledFor(VERBOSE):  # --log-verbose: the final (auto-completed) config, as Triton logs it
+            for v in sorted(fresh):
+                log.log(VERBOSE, "model '%s' version %d config: %s", name, v,
+                        json.dumps(cfg.config_to_json(fresh[v].config), sort_keys=True), extra={"verbose": 1})
 
     async def _load_dependencies(self, name: str, config: ModelConfig, chain: tuple[str, ...]) -> None:
         """Make sure every composing model of ensemble ``name`` is serving, loading those that

@@ -8,6 +8,11 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 BENCH=${BENCH:-$HERE/../../../shared/bench}
+if [ ! -f "$BENCH/run_all.sh" ]; then
+  echo "compare_triton.sh needs the shared bench scripts (run_all.sh, setup.sh, run_triton.sh):" \
+       "not found in $BENCH; set BENCH=/path/to/shared/bench" >&2
+  exit 2
+fi
 OUT=${1:?usage: compare_triton.sh OUT [CASES]}
 TRIDENT=${TRIDENT:-$(command -v trident || echo "$HERE/../../.venv/bin/trident")}
 SERVERS=${SERVERS:-"trident triton"} TRIDENT=$TRIDENT CASES=${2:-addsub,small,large} \

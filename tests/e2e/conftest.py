@@ -3,9 +3,12 @@
 ``start_server(*flags, repo=...)`` starts ``python -m trident serve`` with ports 0 on 127.0.0.1
 and reads the bound ports from the "Started ... at host:port" log lines. The environment variable
 ``TRIDENT_E2E_HTTP_SERVER=hypercorn|trident`` adds ``--http-server`` to every server started
-without one (run the HTTP suites against either serving layer). Fixtures:
+without one (run the HTTP suites against either serving layer); likewise
+``TRIDENT_E2E_GRPC_HTTP2=trident|h2`` adds ``--grpc-http2``. Fixtures:
 ``example_server`` (session: the bundled example repository), ``server_factory`` (per test,
-stopped afterwards), ``repo_factory`` (copies of test model folders in tmp_path).
+stopped afterwards), ``repo_factory`` (copies of test model folders in tmp_path),
+``grpc_http2`` (module scope, parametrized: the gRPC suites run once per HTTP/2 implementation;
+servers started while it is active get its ``--grpc-http2``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import pytest
 
 HERE = Path(__file__).parent
 MODELS = HERE / "models"
+_GRPC_HTTP2_ENV = "TRIDENT_E2E_GRPC_HTTP2"
+GRPC_HTTP2 = ("trident", "h2")  # --grpc-http2 values the gRPC suites run against
 _STARTED = re.compile(r"Started (GRPCInferenceService|HTTPService|Metrics Service) at ([\d.]+):(\d+)")
 
 
@@ -87,13 +92,16 @@ def start_server(*flags: str, repo: Path | str | None = None, timeout: float = 6
     http_server = os.environ.get("TRIDENT_E2E_HTTP_SERVER")
     if http_server and not any(f.startswith("--http-server") for f in flags):
         cmd += ["--http-server", http_server]
+    grpc_http2 = os.environ.get(_GRPC_HTTP2_ENV)
+    if grpc_http2 and not any(f.startswith("--grpc-http2") for f in flags):
+        cmd += ["--grpc-http2", grpc_http2]
     if expect is None:
         expect = tuple(
             name for name, flag in (("HTTPService", "--allow-http"), ("GRPCInferenceService", "--allow-grpc"),
                                     ("Metrics Service", "--allow-metrics"))
             if not any(f.startswith(flag + "=false") or f.startswith(flag + "=0") for f in flags)
         )
-    log_fd, log_name = tempfile.mkstemp(prefix="trident-e2e-", suffix=".log")
+    log_fd, log_name = tempfile.mkstemp(prefix="trident-e2e-", suffix=".log", dir=_log_dir())
     proc = subprocess.Popen(cmd, stdout=log_fd, stderr=log_fd, env={**os.environ, **(env or {})})
     os.close(log_fd)
     server = RunningServer(proc, Path(log_name))
@@ -108,6 +116,41 @@ def start_server(*flags: str, repo: Path | str | None = None, timeout: float = 6
         time.sleep(0.05)
     server.stop(signal.SIGKILL)
     raise RuntimeError(f"trident did not start within {timeout} s:\n{server.log()}")
+
+
+_LOG_DIR: Path | None = None
+
+
+def _log_dir() -> Path:
+    """One folder for the servers' logs of this test session, removed at its end."""
+    global _LOG_DIR
+    if _LOG_DIR is None:
+        _LOG_DIR = Path(tempfile.mkdtemp(prefix="trident-e2e-logs-"))
+    return _LOG_DIR
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_server_logs() -> Iterator[None]:
+    yield
+    if _LOG_DIR is not None:
+        shutil.rmtree(_LOG_DIR, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=GRPC_HTTP2)
+def grpc_http2(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The HTTP/2 implementation under gRPC for the servers a module starts (``--grpc-http2``).
+
+    A module's server fixtures take this fixture, and its tests use it
+    (``pytestmark = pytest.mark.usefixtures("grpc_http2")``), so the module runs once per value."""
+    old = os.environ.get(_GRPC_HTTP2_ENV)
+    os.environ[_GRPC_HTTP2_ENV] = request.param
+    try:
+        yield request.param
+    finally:
+        if old is None:
+            os.environ.pop(_GRPC_HTTP2_ENV, None)
+        else:
+            os.environ[_GRPC_HTTP2_ENV] = old
 
 
 @pytest.fixture(scope="session")

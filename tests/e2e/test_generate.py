@@ -127,3 +127,15 @@ def test_client_disconnect_cancels_the_model(http, tmp_path: Path):
         assert time.monotonic() < deadline, "the model never saw is_cancelled()"
         time.sleep(0.02)
     assert 3 <= int(stopped.read_text()) < 1000
+
+
+def test_the_readmes_generate_examples_on_the_bundled_repository(example_server):
+    """README's examples, on the bundled example repository (bytes_echo), answer as shown."""
+    base = f"http://{example_server.http_url}/v2/models/bytes_echo"
+    r = httpx.post(f"{base}/generate", json={"INPUT0": "hello"})
+    assert r.status_code == 200
+    assert r.json() == {"model_name": "bytes_echo", "model_version": "1", "OUTPUT0": "HELLO", "OUTPUT1": 5}
+    r = httpx.post(f"{base}/generate_stream", json={"INPUT0": ["a b", "c"]})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[len("data: "):]) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events == [{"model_name": "bytes_echo", "model_version": "1", "OUTPUT0": ["A B", "C"], "OUTPUT1": [3, 1]}]
