@@ -16,6 +16,16 @@ from grpclib.health.v1.health_pb2 import HealthCheckRequest, HealthCheckResponse
 from trident.protocol import datatypes
 
 SERVICE = "/inference.GRPCInferenceService/"
+pytestmark = pytest.mark.usefixtures("grpc_http2")  # once per --grpc-http2 implementation
+
+
+@pytest.fixture(scope="module")
+def server(grpc_http2):
+    from e2e.conftest import start_server
+
+    s = start_server()
+    yield s
+    s.stop()
 
 
 def run(server, body):
@@ -45,7 +55,7 @@ def fp32_request(model: str, name: str, values: np.ndarray, request_id: str = ""
     return message
 
 
-def test_unary_rpcs(example_server):
+def test_unary_rpcs(server):
     async def body(channel):
         live = await call(channel, "ServerLive", pb.ServerLiveRequest(), pb.ServerLiveResponse)
         meta = await call(channel, "ServerMetadata", pb.ServerMetadataRequest(), pb.ServerMetadataResponse)
@@ -60,7 +70,7 @@ def test_unary_rpcs(example_server):
         health = await HealthStub(channel).Check(HealthCheckRequest())
         return live, meta, model, reply, echoed, health
 
-    live, meta, model, reply, echoed, health = run(example_server, body)
+    live, meta, model, reply, echoed, health = run(server, body)
     assert live.live and meta.name == "triton"
     assert [o.datatype for o in model.outputs] == ["BYTES", "INT32"]
     assert reply.id == "g1" and reply.raw_output_contents[0] == np.arange(8, dtype=np.float32).tobytes()
@@ -70,7 +80,7 @@ def test_unary_rpcs(example_server):
     assert health.status == HealthCheckResponse.SERVING
 
 
-def test_errors_carry_status_and_message(example_server):
+def test_errors_carry_status_and_message(server):
     async def body(channel):
         errors = []
         for request in (fp32_request("missing", "INPUT0", np.zeros(2)), fp32_request("identity_fp32", "BAD", np.zeros(2))):
@@ -83,13 +93,13 @@ def test_errors_carry_status_and_message(example_server):
         errors.append((e.value.status, e.value.message))
         return errors
 
-    (missing, bad, shm) = run(example_server, body)
+    (missing, bad, shm) = run(server, body)
     assert missing[0] == Status.NOT_FOUND and "missing" in missing[1]
     assert bad[0] == Status.INVALID_ARGUMENT
     assert shm[0] == Status.UNIMPLEMENTED
 
 
-def test_bidi_stream(example_server):
+def test_bidi_stream(server):
     async def body(channel):
         async with channel.request(SERVICE + "ModelStreamInfer", Cardinality.STREAM_STREAM,
                                    pb.ModelInferRequest, pb.ModelStreamInferResponse) as stream:
@@ -102,7 +112,7 @@ def test_bidi_stream(example_server):
             await stream.recv_trailing_metadata()
             return replies
 
-    replies = run(example_server, body)
+    replies = run(server, body)
     errors = [r for r in replies if r.error_message]
     assert len(errors) == 1 and "missing" in errors[0].error_message
     ok = {r.infer_response.id: r.infer_response for r in replies if not r.error_message}

@@ -35,8 +35,11 @@ INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
+pytestmark = pytest.mark.usefixtures("grpc_http2")  # once per --grpc-http2 implementation
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, grpc_http2):
     from e2e.conftest import start_server
 
     repo = tmp_path_factory.mktemp("grpc-robust")

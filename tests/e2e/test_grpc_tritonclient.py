@@ -29,9 +29,11 @@ from trident.options import EXAMPLE_REPOSITORY
 from trident.protocol import datatypes
 from trident.protocol.generated.grpc.health import v1 as health
 
+pytestmark = pytest.mark.usefixtures("grpc_http2")  # once per --grpc-http2 implementation
+
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, grpc_http2):
     from e2e.conftest import start_server
 
     repo = tmp_path_factory.mktemp("grpc-repo")
