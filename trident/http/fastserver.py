@@ -6,13 +6,24 @@ only moves bytes and drives the ASGI calls:
 
 * one trio task per connection, requests handled in order (pipelined bytes wait in the parser);
   the application runs in the connection's task, so a request costs no task switch of its own;
+  the socket is read and written with non-blocking calls that wait through trio only when the
+  kernel says so (one checkpoint per ``YIELD_BYTES`` moved or ``YIELD_EVERY`` requests served
+  without a wait, so a busy connection does not hold the loop);
+* ``POST /v2/models/{m}[/versions/{v}]/infer`` skips ASGI when the server is given the app's
+  :class:`~trident.http.infer.InferEndpoint` (``serve_http_fast`` does): the connection task
+  reads the body, calls the endpoint (the same decode, run, encode and error mapping as the
+  app's /infer) and writes the head and body with one ``writev``. Disconnects are watched
+  without a task per request: one ticker per server (:func:`_tick`) finds requests still
+  running after ``WATCH_DELAY`` and wakes their connection's watcher task (started the first
+  time it is needed), which reads the socket until the request ends; EOF or a reset cancels
+  the request and closes the connection;
 * ``receive()`` returns the body as ``http.request`` messages (no larger than 1 MiB each, so a
   size limit can refuse a large body early) and sends ``100 Continue`` the first time it needs
   body bytes the client holds back; once the body is read, ``receive()`` returns
   ``http.disconnect`` when the response is complete or the client goes away (it watches the
   socket from ``WATCH_DELAY`` after the call: most responses are done before, and waking on an
   event is cheaper than a socket wait that must be cancelled);
-* ``send()`` writes the head with the first body message in one ``send_all``; a streamed body
+* ``send()`` writes the head with the first body message in one write; a streamed body
   without ``content-length`` uses chunked transfer coding;
 * malformed requests get ``400`` (``431`` for a head over 64 KiB) and the connection closes; a
   connection closed with request bytes unread is shut down for writing and drained first
