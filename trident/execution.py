@@ -12,10 +12,12 @@ labels) and records statistics.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +25,7 @@ import outcome
 import trio
 
 from trident.backends import ModelInstance
-from trident.errors import TritonError, internal
+from trident.errors import Code, TritonError, internal
 from trident.protocol.classification import classify
 from trident.types import InferenceRequest, InferenceResponse, Tensor
 
@@ -31,6 +33,8 @@ if TYPE_CHECKING:
     from trident.model import ModelVersion
 
 FLAG_ONLY = "triton_flag_only"
+
+log = logging.getLogger("trident.execution")
 
 
 class Window:
@@ -83,6 +87,9 @@ class Responder:
         self._request = request
         self._finish = finish
         self.complete = False
+        #: set by the backend when the model answers this request later, from its own threads
+        #: (a non-decoupled Python model whose execute returned None): the executor sends nothing
+        self.deferred = False
         self.sent = 0
         self.undelivered = 0
         self.window = Window(request.response_window) if request.response_window > 0 else None
@@ -191,30 +198,50 @@ class InlineChoice:
             self.average_ns += 0.2 * (ns - self.average_ns)
 
 
+class _Call:
+    __slots__ = ("fn", "args", "task", "token", "abandoned")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn = fn
+        self.args = args
+        self.task = trio.lowlevel.current_task()
+        self.token = trio.lowlevel.current_trio_token()
+        self.abandoned = False
+
+
 class InstanceThread:
     """The one long-lived thread an instance's batches (and warmup samples) run on, in order.
 
     Cheaper than ``trio.to_thread.run_sync`` per batch: a queue put, and one trio wake-up when
     the call returns. Calls never overlap (the thread runs them one after another), and a call
     is never abandoned: :meth:`run` waits for it even when cancelled, then raises Cancelled at
-    the caller's next checkpoint.
+    the caller's next checkpoint. The one exception is the server's exit after its exit
+    timeout (:meth:`abandon`): a call that has not returned by then is given up.
     """
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._calls: list[_Call] = []  # queued or running (touched on trio's thread only)
+        self._abandoned: TritonError | None = None
 
     async def run(self, fn: Callable[..., Any], *args: Any, on_cancel: Callable[[], None] | None = None) -> Any:
         """``fn(*args)`` on the thread; its result, or its exception raised here.
 
         Cancelling the caller calls ``on_cancel`` at once (e.g. to tell the running requests)
-        but still waits for ``fn``; Cancelled is raised at the caller's next checkpoint.
+        but still waits for ``fn``; Cancelled is raised at the caller's next checkpoint. Raises
+        the TritonError given to :meth:`abandon` when the call was abandoned (or the thread was
+        before it).
         """
+        if self._abandoned is not None:
+            raise self._abandoned
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
             self._thread.start()
-        self._queue.put((fn, args, trio.lowlevel.current_task(), trio.lowlevel.current_trio_token()))
+        call = _Call(fn, args)
+        self._calls.append(call)
+        self._queue.put(call)
 
         def abort(_: Any) -> trio.lowlevel.Abort:
             if on_cancel is not None:
@@ -226,18 +253,53 @@ class InstanceThread:
 
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            call = self._queue.get()
+            if call is None:
                 return
-            fn, args, task, token = item
-            result = outcome.capture(fn, *args)
+            if call.abandoned:
+                continue
+            result = outcome.capture(call.fn, *call.args)
             with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+                call.token.run_sync_soon(self._finish, call, result)
+
+    def _finish(self, call: _Call, result: outcome.Outcome[Any]) -> None:
+        with contextlib.suppress(ValueError):
+            self._calls.remove(call)
+        if not call.abandoned:
+            trio.lowlevel.reschedule(call.task, result)
+
+    def abandon(self, error: TritonError) -> int:
+        """Stop waiting for the calls queued or running: each caller gets ``error`` now, and
+        every later :meth:`run` raises it. For the server's exit only, once its exit timeout
+        has passed (a model stuck in ``execute`` must not keep the process up); the thread
+        itself cannot be stopped and is left to end with the process (it is a daemon). Call
+        from trio's thread; returns how many calls were given up."""
+        calls, self._calls = self._calls, []
+        self._abandoned = error
+        for call in calls:
+            call.abandoned = True
+            trio.lowlevel.reschedule(call.task, outcome.Error(error))
+        return len(calls)
 
     def close(self) -> None:
         """Let the thread end once its queued calls are done."""
         if self._thread is not None:
             self._queue.put(None)
+
+
+_EXECUTORS: weakref.WeakSet[BatchExecutor] = weakref.WeakSet()
+
+
+def abandon_running_calls(server: Any) -> int:
+    """Give up the model calls of ``server``'s models that are still running or queued on
+    their instance threads (see :meth:`InstanceThread.abandon`): the server's exit, after its
+    exit timeout. Their requests fail with CANCELLED; each model with such calls is named in a
+    warning. Returns how many calls were given up. Call from trio's thread."""
+    total = 0
+    for executor in list(_EXECUTORS):
+        if getattr(executor.model, "_server", None) is server:
+            total += executor.abandon()
+    return total
 
 
 class BatchExecutor:
@@ -248,6 +310,22 @@ class BatchExecutor:
         self.inline_mode = inline_mode
         self._threads: dict[int, InstanceThread] = {}
         self._choices: dict[int, InlineChoice] = {}
+        _EXECUTORS.add(self)
+
+    def abandon(self) -> int:
+        """Abandon the calls in progress on this model's instance threads (server exit)."""
+        model = self.model
+        error = TritonError(Code.CANCELLED, f"model '{model.name}' was still executing when the server's exit "
+                                            "timeout expired; the request was cancelled")
+        total = 0
+        for thread in self._threads.values():
+            count = thread.abandon(error)
+            if count:
+                log.warning("exit timeout: model '%s' version %d did not return from execute on thread '%s'; "
+                            "cancelling %d call(s) and leaving the thread to end with the process",
+                            model.name, model.version, thread._name, count)
+            total += count
+        return total
 
     def choice(self, instance: ModelInstance) -> InlineChoice:
         """Where ``instance``'s batches run (see InlineChoice)."""
@@ -331,7 +409,8 @@ class BatchExecutor:
             if error is not None:
                 if not pending.responder.complete:
                     pending.responder.send(InferenceResponse(error=error), final=True)
-            elif not model.decoupled and not pending.responder.complete:  # complete: sent via the sender
+            elif not model.decoupled and not pending.responder.complete and not pending.responder.deferred:
+                # complete: sent through the model's response sender; deferred: it will be
                 assert responses is not None
                 pending.responder.send(responses[i], final=True)
             if pending.request.cancelled:

@@ -10,8 +10,8 @@ on the call stack (threads the model starts itself), then the process default.
 from __future__ import annotations
 
 import abc
+import contextvars
 import sys
-import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +59,12 @@ class _Runtime(abc.ABC):
 
 
 MODEL_PACKAGE_PREFIX = "_trident_python_model_"  # the packages model files are imported under
-_tls = threading.local()
+#: (runtime, parents) of the model call running in this thread, or in this asyncio task: a
+#: context variable, so it is per thread for plain threads and follows the tasks of an
+#: instance's asyncio loop (each task starts from a copy of the context it was created in)
+_call_context: contextvars.ContextVar[tuple[_Runtime | None, list[Any]]] = contextvars.ContextVar(
+    "trident_pb_call", default=(None, [])
+)
 _package_runtimes: dict[str, _Runtime] = {}
 _default_runtime: _Runtime | None = None
 
@@ -78,27 +83,33 @@ def _bind_package(package: str, runtime: _Runtime | None) -> None:
 
 
 class _Context:
-    """While active in a thread: the runtime and the requests being executed (BLS parents)."""
+    """While active in a thread (or an asyncio task): the runtime and the requests being
+    executed (BLS parents)."""
 
-    __slots__ = ("runtime", "parents", "_saved")
+    __slots__ = ("runtime", "parents", "_token")
 
     def __init__(self, runtime: _Runtime | None, parents: Sequence[Any] = ()) -> None:
         self.runtime = runtime
         self.parents = list(parents)
-        self._saved: tuple[Any, Any] = (None, ())
+        self._token: contextvars.Token[tuple[_Runtime | None, list[Any]]] | None = None
 
     def __enter__(self) -> _Context:
-        self._saved = (getattr(_tls, "runtime", None), getattr(_tls, "parents", ()))
-        _tls.runtime = self.runtime
-        _tls.parents = self.parents
+        self._token = _call_context.set((self.runtime, self.parents))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _tls.runtime, _tls.parents = self._saved
+        if self._token is not None:
+            _call_context.reset(self._token)
+            self._token = None
+
+
+def _current_parents() -> list[Any]:
+    """The requests of the model call running here (BLS parents); empty outside one."""
+    return list(_call_context.get()[1])
 
 
 def _current_runtime() -> _Runtime | None:
-    runtime = getattr(_tls, "runtime", None)
+    runtime = _call_context.get()[0]
     if runtime is not None:
         return runtime
     if _package_runtimes:

@@ -1,7 +1,13 @@
-"""``pb_utils.Tensor``: a named tensor over a numpy array, with DLPack import and export."""
+"""``pb_utils.Tensor``: a named tensor over a numpy array, with DLPack import and export.
+
+BF16 tensors hold their values as uint16 bit patterns (numpy has no bfloat16): ``as_numpy``
+refuses them, as Triton does, while DLPack carries them as ``kDLBfloat`` 16 both ways (the
+dtype field of the capsule is rewritten between ``kDLUInt`` 16 and ``kDLBfloat`` 16).
+"""
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -16,6 +22,44 @@ _API_TO_NUM: dict[str, int] = {
 }  # fmt: skip
 
 _KDL_CPU = 1
+_KDL_UINT = 1
+_KDL_BFLOAT = 4
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("dtype", _DLDataType), ("shape", ctypes.c_void_p),
+                ("strides", ctypes.c_void_p), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):  # DLPack >= 1.0: the tensor follows a header
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+_capsule_name = ctypes.pythonapi.PyCapsule_GetName
+_capsule_name.restype = ctypes.c_char_p
+_capsule_name.argtypes = [ctypes.py_object]
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _capsule_dtype(capsule: object) -> _DLDataType | None:
+    """The dtype field of an unconsumed DLPack capsule (None for anything else)."""
+    try:
+        name = _capsule_name(capsule)
+        if name == b"dltensor":
+            return _DLTensor.from_address(_capsule_pointer(capsule, name)).dtype
+        if name == b"dltensor_versioned":
+            return _DLManagedTensorVersioned.from_address(_capsule_pointer(capsule, name)).dl_tensor.dtype
+    except (ValueError, TypeError):  # not a capsule, or one already consumed
+        pass
+    return None
 
 
 class _CapsuleHolder:
@@ -66,7 +110,13 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
-        """The tensor's array (BYTES: object array of bytes; BF16: uint16 bit patterns)."""
+        """The tensor's array (BYTES: an object array of bytes).
+
+        Raises TritonModelException for a BF16 tensor (numpy has no bfloat16; use DLPack), as
+        Triton does.
+        """
+        if self._datatype == "BF16":
+            raise TritonModelException("tensor dtype is bf16 and cannot be converted to numpy")
         return self._array
 
     def triton_dtype(self) -> int:
@@ -84,7 +134,8 @@ class Tensor:
         return self.__dlpack__()
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> object:
-        """DLPack export; a read-only array is copied when the consumer cannot signal it."""
+        """DLPack export; a read-only array is copied when the consumer cannot signal it.
+        BF16 leaves as ``kDLBfloat`` 16. Raises TritonModelException for BYTES."""
         if self._datatype == "BYTES":
             raise TritonModelException(
                 f"tensor '{self._name}': BYTES tensors cannot be exported through DLPack"
@@ -92,7 +143,12 @@ class Tensor:
         array = self._array
         if not array.flags.writeable and kwargs.get("max_version") is None:
             array = array.copy()
-        return array.__dlpack__(stream=stream, **kwargs)
+        capsule = array.__dlpack__(stream=stream, **kwargs)
+        if self._datatype == "BF16":
+            dtype = _capsule_dtype(capsule)
+            if dtype is not None and dtype.code == _KDL_UINT and dtype.bits == 16:
+                dtype.code = _KDL_BFLOAT
+        return capsule
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (_KDL_CPU, 0)
@@ -101,20 +157,32 @@ class Tensor:
     def from_dlpack(name: str, capsule: Any) -> Tensor:
         """A tensor sharing memory with a DLPack capsule or an object with ``__dlpack__``.
 
+        A ``kDLBfloat`` 16 tensor becomes a BF16 tensor (uint16 bit patterns, memory shared).
         Raises TritonModelException for device (GPU) memory or a dtype numpy cannot hold.
         """
-        source = capsule if hasattr(capsule, "__dlpack__") else _CapsuleHolder(capsule)
-        if hasattr(source, "__dlpack_device__"):
-            device_type, _ = source.__dlpack_device__()
+        if hasattr(capsule, "__dlpack_device__"):
+            device_type, _ = capsule.__dlpack_device__()
             if int(device_type) != _KDL_CPU:
                 raise TritonModelException(
                     f"tensor '{name}': DLPack device type {int(device_type)} is not supported; "
                     "trident's python backend holds tensors in CPU memory (move it to the CPU first)"
                 )
+        bf16 = False
         try:
-            array = np.from_dlpack(source)  # type: ignore[arg-type]
+            if hasattr(capsule, "__dlpack__"):  # take the capsule itself: its dtype may be bf16
+                try:
+                    capsule = capsule.__dlpack__(max_version=(1, 0))
+                except TypeError:  # a producer older than DLPack 1.0
+                    capsule = capsule.__dlpack__()
+            dtype = _capsule_dtype(capsule)
+            if dtype is not None and dtype.code == _KDL_BFLOAT and dtype.bits == 16 and dtype.lanes == 1:
+                dtype.code = _KDL_UINT  # the same bits, as numpy can hold them
+                bf16 = True
+            array = np.from_dlpack(_CapsuleHolder(capsule))  # type: ignore[arg-type]
         except (BufferError, TypeError, ValueError, RuntimeError) as e:
             raise TritonModelException(f"tensor '{name}': cannot import DLPack tensor: {e}") from e
+        if bf16:
+            return Tensor._wrap(name, array, "BF16")
         return Tensor(name, array)
 
     def __repr__(self) -> str:

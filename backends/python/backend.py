@@ -11,13 +11,17 @@ Two execution modes, chosen per model (see :func:`execution_options`):
   each instance runs in its own Python process, tensors cross in shared memory; see
   :mod:`trident.backends.python.isolated`.
 
-``async def`` methods (``execute``, ``initialize``, ``finalize``) run on a private asyncio
-event loop owned by the instance, created on first use and closed at finalize; asyncio is used
-nowhere else in trident.
+``async def`` methods (``execute``, ``initialize``, ``finalize``) run on the instance's asyncio
+event loop (:mod:`._aio`): one loop per instance, running in a thread of its own from first use
+until finalize, so tasks the model schedules keep running between calls. As in Triton, a
+decoupled model's ``async def execute`` runs in the background (the instance takes its next
+batch at once); other calls are waited for.
 
 Decoupled models (``model_transaction_policy { decoupled: true }``) return None from
-``execute`` and answer through ``request.get_response_sender()`` from any thread. BLS,
-model management and custom metrics go through :mod:`._runtime`.
+``execute`` and answer through ``request.get_response_sender()`` from any thread, at any time.
+A non-decoupled model may do the same with its one response: a request of a batch whose
+``execute`` returned None stays open until the model sends it. BLS, model management and
+custom metrics go through :mod:`._runtime`.
 
 Not supported (each fails with a clear UNSUPPORTED error): request rescheduling and
 ``EXECUTION_ENV_PATH`` environments.
@@ -26,6 +30,8 @@ Not supported (each fails with a clear UNSUPPORTED error): request rescheduling 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import functools
 import inspect
 import json
@@ -37,7 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trident.backends.base import Backend, LoadContext, ModelInstance
-from trident.backends.python import _convert, _loader, pb_utils
+from trident.backends.python import _aio, _convert, _loader, pb_utils
+from trident.backends.python._aio import InstanceLoop
 from trident.errors import TritonError, internal, invalid_arg, unsupported
 from trident.types import InferenceRequest, InferenceResponse
 
@@ -88,13 +95,17 @@ def execution_options(config: ModelConfig, backend_config: dict[str, str] | None
     return ExecutionOptions(mode, timeout, shm)
 
 
+_OWN_FILES = frozenset({__file__, _loader.__file__, _aio.__file__})
+_PLUMBING = ("<frozen", str(Path(asyncio.__file__).parent), str(Path(concurrent.futures.__file__).parent))
+
+
 def _describe(e: BaseException) -> str:
     """Triton's rendering of a model exception: ``Type: message`` and the model-side frames."""
     text = f"{type(e).__name__}: {e}"
     frames = [
         f
         for f in traceback.extract_tb(e.__traceback__)
-        if f.filename != __file__ and f.filename != _loader.__file__ and not f.filename.startswith("<frozen")
+        if f.filename not in _OWN_FILES and not f.filename.startswith(_PLUMBING)
     ]
     if frames:
         text += "\n\nAt:\n" + "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
@@ -147,7 +158,7 @@ class PythonInstance(ModelInstance):
         self._loaded = loaded
         self._model = model
         self._runtime = runtime
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._aio = InstanceLoop(identity.instance_name)
         self._all_outputs = list(identity.outputs)
         self._finalized = False
         pb_utils._bind_package(loaded.package, runtime)
@@ -164,28 +175,36 @@ class PythonInstance(ModelInstance):
 
     # ---- running model code ----
 
-    def _resolve(self, value: Any) -> Any:
-        """``value``, or its result when it is awaitable (run on this instance's loop)."""
+    def _resolve(self, value: Any, parents: list[InferenceRequest] | None = None) -> Any:
+        """``value``, or its result when it is awaitable (run on this instance's loop, waited for)."""
         if not inspect.isawaitable(value):
             return value
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(value)
+        return self._aio.run(value, functools.partial(pb_utils._Context, self._runtime, parents or ()))
 
     def _close_loop(self) -> None:
-        loop, self._loop = self._loop, None
-        if loop is None:
-            return
-        try:
-            pending = asyncio.all_tasks(loop)
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
-        finally:
-            loop.close()
+        self._aio.close()
+
+    def _execute_in_background(self, coroutine: Any, requests: list[InferenceRequest]) -> None:
+        """A decoupled ``async def execute``: run it on the loop without waiting (as Triton
+        does). When it raises, or returns something other than None, the requests it has not
+        completed fail with that error."""
+        responders = [r.responder for r in requests]
+
+        def done(error: BaseException | None, result: Any) -> None:
+            if error is None and result is None:
+                return
+            if error is not None:
+                message = self._failure(_describe(error))
+            else:
+                message = self._failure(f"Python model '{self.instance_name}' is using the decoupled mode and "
+                                        "the execute function must return None.")
+            log.error("%s", message)
+            for responder in responders:
+                if responder is not None and not responder.complete:
+                    with contextlib.suppress(TritonError):
+                        responder.send(InferenceResponse(error=internal(message)), True)
+
+        self._aio.submit(coroutine, done, functools.partial(pb_utils._Context, self._runtime, requests))
 
     def initialize(self, args: dict[str, str]) -> None:
         """Call the model's ``initialize(args)`` if it has one. Raises TritonError(INTERNAL)."""
@@ -213,13 +232,20 @@ class PythonInstance(ModelInstance):
         """
         pb_requests = [_convert.wrap_request(r, self._all_outputs) for r in requests]
         for r, pb in zip(requests, pb_requests, strict=True):
-            pb._sender_factory = functools.partial(self._make_sender, r)
+            pb._sender_factory = functools.partial(self._make_sender, r, r.responder)
         try:
             with pb_utils._Context(self._runtime, requests):
-                result = self._resolve(self._model.execute(pb_requests))
+                result = self._model.execute(pb_requests)
+                if self.decoupled and inspect.isawaitable(result):
+                    self._execute_in_background(result, requests)
+                    return None
+                result = self._resolve(result, requests)
         except (Exception, SystemExit, asyncio.CancelledError) as e:
             log.debug("model '%s' execute raised", self.model_name, exc_info=True)
-            raise internal(self._failure(_describe(e))) from e
+            failure = self._failure(_describe(e))
+            if any(pb._sender is not None and pb._sender._sent for pb in pb_requests):
+                log.error("%s (after answering request(s) of the batch through the response sender)", failure)
+            raise internal(failure) from e
         if any(r._release_flags & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE for r in pb_requests):
             raise unsupported(
                 f"model '{self.model_name}': request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) "
@@ -232,12 +258,14 @@ class PythonInstance(ModelInstance):
                     "function must return None."
                 ))
             return None
-        if result is None:  # answered through the response sender (one final response each)
-            return [self._sent_or_missing(pb) for pb in pb_requests]
-        return self.check_responses(requests, result)
+        if result is None:  # answered through the response sender, now or later (one response each)
+            return [self._answered_later(r, pb) for r, pb in zip(requests, pb_requests, strict=True)]
+        return self.check_responses(requests, result, pb_requests)
 
-    def check_responses(self, requests: list[InferenceRequest], result: Any) -> list[InferenceResponse]:
-        """``execute``'s return value as one trident response per request. Raises TritonError."""
+    def check_responses(self, requests: list[InferenceRequest], result: Any,
+                        pb_requests: list[pb_utils.InferenceRequest]) -> list[InferenceResponse]:
+        """``execute``'s return value as one trident response per request; a None entry is a
+        request the model answers through its response sender (as in Triton). Raises TritonError."""
         if not isinstance(result, (list, tuple)):
             raise internal(
                 self._failure(f"Expected a list in the execute return, got {type(result).__name__}")
@@ -251,24 +279,30 @@ class PythonInstance(ModelInstance):
                 )
             )
         for item in result:
-            if not isinstance(item, pb_utils.InferenceResponse):
+            if item is not None and not isinstance(item, pb_utils.InferenceResponse):
                 raise internal(
                     self._failure(
                         f"execute must return pb_utils.InferenceResponse objects, got {type(item).__name__}"
                     )
                 )
-        return [self._convert_response(resp, req.id) for req, resp in zip(requests, result, strict=True)]
+        return [self._answered_later(req, pb) if resp is None else self._convert_response(resp, req.id)
+                for req, resp, pb in zip(requests, result, pb_requests, strict=True)]
 
-    def _sent_or_missing(self, request: pb_utils.InferenceRequest) -> InferenceResponse:
-        sender = request._sender
-        if sender is not None and sender._closed:
-            return InferenceResponse()  # delivered already: the executor skips completed requests
-        return InferenceResponse(error=internal(self._failure(
-            f"execute returned None but no final response was sent for request '{request.request_id()}'"
-        )))
-
-    def _make_sender(self, request: InferenceRequest) -> pb_utils.InferenceResponseSender:
+    def _answered_later(self, request: InferenceRequest, pb: pb_utils.InferenceRequest) -> InferenceResponse:
+        """The placeholder for a request that the model answers through its sender: the
+        request's responder is marked ``deferred`` (the executor sends nothing for it). A
+        request without a responder can never be answered: an error response."""
         responder = request.responder
+        if responder is None:
+            return InferenceResponse(error=internal(self._failure(
+                f"execute returned None but no final response was sent for request '{pb.request_id()}'"
+            )))
+        responder.deferred = True
+        return InferenceResponse()  # not sent: the executor skips deferred and completed requests
+
+    def _make_sender(self, request: InferenceRequest, responder: Any) -> pb_utils.InferenceResponseSender:
+        """The sender of ``request``, over the responder it had when the batch started (the
+        request drops it once finished)."""
         if responder is None:
             raise pb_utils.TritonModelException(
                 "this request has no response channel (it was not queued by a trident server)"

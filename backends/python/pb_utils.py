@@ -42,7 +42,7 @@ from trident.backends.python._pb_base import MODEL_PACKAGE_PREFIX as MODEL_PACKA
 from trident.backends.python._pb_base import TritonModelException as TritonModelException
 from trident.backends.python._pb_base import _bind_package as _bind_package
 from trident.backends.python._pb_base import _Context as _Context
-from trident.backends.python._pb_base import _current_runtime, _require_runtime, _tls
+from trident.backends.python._pb_base import _current_parents, _current_runtime, _require_runtime
 from trident.backends.python._pb_base import _Runtime as _Runtime
 from trident.backends.python._pb_base import _set_default_runtime as _set_default_runtime
 from trident.backends.python._pb_metrics import Metric as Metric
@@ -50,6 +50,8 @@ from trident.backends.python._pb_metrics import MetricFamily as MetricFamily
 from trident.backends.python._pb_tensor import _API_TO_NUM
 from trident.backends.python._pb_tensor import Tensor as Tensor
 from trident.protocol import datatypes
+
+_log = logging.getLogger("trident.backends.python")
 
 # no __all__: as with Triton's module, ``from triton_python_backend_utils import *`` takes every
 # public name
@@ -219,7 +221,9 @@ class InferenceTrace:
 class InferenceResponseSender:
     """Sends a request's responses (decoupled models; non-decoupled models send exactly one).
 
-    Obtained from :meth:`InferenceRequest.get_response_sender`; callable from any thread.
+    Obtained from :meth:`InferenceRequest.get_response_sender`; callable from any thread, also
+    after ``execute`` has returned. A non-decoupled model's one response reaches the client as
+    soon as it is sent (with or without the final flag), as in Triton.
     """
 
     def __init__(
@@ -234,7 +238,6 @@ class InferenceResponseSender:
         self._lock = threading.Lock()
         self._closed = False
         self._sent = 0
-        self._held: InferenceResponse | None = None
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         """Send ``response``; ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` marks the last one.
@@ -242,7 +245,8 @@ class InferenceResponseSender:
         A flag-only final (``response=None``) is allowed. Raises TritonModelException after the
         final response, for other flags, a missing response without the final flag, a response
         that is not a ``pb_utils.InferenceResponse``, and (non-decoupled models) a second
-        response or a final flag before any response.
+        response or a final flag before any response; a refused second response is also
+        logged as an error (the client keeps the first one).
         """
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
             raise TritonModelException("Unable to send response. Unsupported flag provided.")
@@ -256,24 +260,25 @@ class InferenceResponseSender:
             )
         final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
         with self._lock:
+            if not self._decoupled:  # Triton checks these before the closed state
+                if response is not None and self._sent:
+                    _log.error("a non-decoupled model sent a second response for a request; it was dropped "
+                               "(the client got the first one)")
+                    raise TritonModelException("Non-decoupled model cannot send more than one response.")
+                if response is None and not self._sent:
+                    raise TritonModelException(
+                        "Non-decoupled model cannot send complete final before sending a response."
+                    )
             if self._closed:
                 raise TritonModelException("Unable to send response. Response sender has been closed.")
-            if not self._decoupled:
-                if response is not None and (self._sent or self._held is not None):
-                    raise TritonModelException("Non-decoupled model cannot send more than one response.")
-                if not final:  # held until the final flag: the one response must be the final one
-                    self._held = response
-                    return
-                if response is None:
-                    if self._held is None:
-                        raise TritonModelException(
-                            "Non-decoupled model cannot send complete final before sending a response."
-                        )
-                    response, self._held = self._held, None
             if final:
                 self._closed = True
-            self._sent += 1
-            self._deliver(response, final)
+            if self._decoupled:
+                self._sent += 1
+                self._deliver(response, final)
+            elif response is not None:  # the one response: it completes the request at once
+                self._sent += 1
+                self._deliver(response, True)
 
     def is_cancelled(self) -> bool:
         """True once the request was cancelled (client gone, stream closed, deadline passed)."""
@@ -311,7 +316,7 @@ class InferenceRequest:
         correlation_id: int | str = 0,
         inputs: Sequence[Tensor] = (),
         requested_output_names: Sequence[str] = (),
-        model_name: str = "",
+        model_name: str | bytes = "",
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
@@ -319,7 +324,17 @@ class InferenceRequest:
         trace: InferenceTrace | None = None,
         parameters: dict[str, Any] | None = None,
     ) -> None:
-        """Raises TritonModelException for a bad correlation id, input or parameter."""
+        """``model_name`` may be bytes (as read from a BYTES tensor): it is UTF-8 decoded.
+
+        Raises TritonModelException for a bad model name, correlation id, input or parameter.
+        """
+        if isinstance(model_name, (bytes, bytearray, memoryview)):
+            try:
+                model_name = bytes(model_name).decode("utf-8")
+            except UnicodeDecodeError:
+                raise TritonModelException("model_name is not valid UTF-8") from None
+        if not isinstance(model_name, str):
+            raise TritonModelException(f"model_name must be a str, got {type(model_name).__name__}")
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("Correlation ID must be integer or string")
         for t in inputs:
@@ -329,7 +344,7 @@ class InferenceRequest:
         self._correlation_id = correlation_id
         self._inputs: list[Tensor] | None = list(inputs)
         self._requested_output_names = list(requested_output_names)
-        self._model_name = model_name
+        self._model_name = str(model_name)
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
@@ -450,7 +465,7 @@ class InferenceRequest:
 
     @staticmethod
     def _parents() -> list[Any]:
-        return list(getattr(_tls, "parents", ()) or ())
+        return _current_parents()
 
     def _exec_with(self, runtime: _Runtime, parents: list[Any], decoupled: bool) -> Any:
         if not self._model_name:

@@ -16,7 +16,11 @@ class TritonPythonModel:
         out = []
         for r in requests:
             x = pb_utils.get_input_tensor_by_name(r, "INPUT0")
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x.as_numpy())]))
+            if x.triton_dtype() == 14:  # BF16 has no numpy form (as_numpy raises, as in Triton)
+                y = pb_utils.Tensor.from_dlpack("OUTPUT0", x.to_dlpack())
+            else:
+                y = pb_utils.Tensor("OUTPUT0", x.as_numpy())
+            out.append(pb_utils.InferenceResponse([y]))
         return out
 '''
 

@@ -413,6 +413,267 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 ''')
 
+LATE_SENDER_CONFIG = '''
+name: "{name}"
+backend: "python"
+max_batch_size: 4
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 50000 }
+'''
+
+LATE_SENDER_CODE = '''
+import asyncio
+import json
+import os
+import threading
+import time
+
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def answer(x, tag, batch):
+    return pb_utils.InferenceResponse([pb_utils.Tensor("Y", x + 1)], parameters={"tag": tag, "batch": batch})
+
+
+class TritonPythonModel:
+    """Not decoupled, answering through the response sender as Triton's response_sender qa
+    models do. Request parameter "mode":
+      return          the response is returned from execute (None for the other requests)
+      later           a thread sends the one response with the final flag after execute returned
+      flag_later      a thread sends the response, then a flag-only final
+      two_in_execute  execute sends two responses: the second raises out of execute
+      two_later       a thread sends two responses, then a flag-only final
+      after_final     a thread sends the response with the final flag, then another and a final
+      task            (async variant) a task of the instance's asyncio loop sends it
+    Y = X + 1 and "tag" names the send that got through; the refusals a thread met are written
+    to <marker>/<request id>.refused.
+    """
+
+    def run(self, requests):
+        out = []
+        for request in requests:
+            params = json.loads(request.parameters())
+            mode = params["mode"]
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            sender = request.get_response_sender()
+            out.append(answer(x, "returned", len(requests)) if mode == "return" else None)
+            if mode == "two_in_execute":
+                sender.send(answer(x, "first", len(requests)))
+                sender.send(answer(x, "second", len(requests)))  # raises TritonModelException
+            elif mode == "task":
+                asyncio.get_running_loop().create_task(self.task(sender, x, len(requests)))
+            elif mode != "return":
+                marker = os.path.join(params.get("marker", ""), request.request_id() + ".refused")
+                threading.Thread(target=self.later, args=(mode, sender, x, len(requests), marker)).start()
+        return out if any(r is not None for r in out) else None
+
+    async def task(self, sender, x, batch):
+        await asyncio.sleep(0.05)
+        sender.send(answer(x, "task", batch), flags=FINAL)
+
+    def later(self, mode, sender, x, batch, marker):
+        time.sleep(0.05)
+        if mode == "later":
+            sender.send(answer(x, "later", batch), flags=FINAL)
+            return
+        if mode == "flag_later":
+            sender.send(answer(x, "flag_later", batch))
+            time.sleep(0.05)
+            sender.send(flags=FINAL)
+            return
+        sender.send(answer(x, "first", batch), flags=FINAL if mode == "after_final" else 0)
+        refused = []
+        for response, flags in ((answer(x, "second", batch), 0), (None, FINAL)):
+            try:
+                sender.send(response, flags=flags)
+            except pb_utils.TritonModelException as e:
+                refused.append(str(e))
+        with open(marker, "w") as f:
+            json.dump(refused, f)
+'''
+
+MODELS["late_sender"] = (LATE_SENDER_CONFIG.replace("{name}", "late_sender"), LATE_SENDER_CODE + '''
+    def execute(self, requests):
+        return self.run(requests)
+''')
+
+MODELS["late_sender_async"] = (LATE_SENDER_CONFIG.replace("{name}", "late_sender_async"), LATE_SENDER_CODE + '''
+    async def execute(self, requests):
+        await asyncio.sleep(0)
+        return self.run(requests)
+''')
+
+MODELS["async_later"] = ('''
+name: "async_later"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+''', '''
+import asyncio
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Decoupled; async def execute schedules a task per request and returns. The task sends
+    OUT=[i] for i < IN[0]; with the "final_later" parameter the final flag is sent by
+    loop.call_later after the task has ended, else by the task."""
+
+    def initialize(self, args):
+        self.tasks = set()
+
+    async def execute(self, requests):
+        for request in requests:
+            task = asyncio.create_task(self.respond(request))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        return None
+
+    async def respond(self, request):
+        sender = request.get_response_sender()
+        count = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+        for i in range(count):
+            await asyncio.sleep(0.01)
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([i], np.int32))]))
+        if json.loads(request.parameters()).get("final_later"):
+            asyncio.get_running_loop().call_later(
+                0.05, sender.send, None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        else:
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+''')
+
+MODELS["batch_threads"] = ('''
+name: "batch_threads"
+backend: "python"
+max_batch_size: 2
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 3000000 }
+''', '''
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Decoupled, batching: one thread per request of the batch sends OUT=[[i]] for i < IN[0]
+    as fast as it can (parameter "batch": the batch size), then the final flag."""
+
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.run, args=(request, len(requests))).start()
+
+    def run(self, request, batch):
+        sender = request.get_response_sender()
+        count = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().reshape(-1)[0])
+        for i in range(count):
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([[i]], np.int32))],
+                                                   parameters={"batch": batch}))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+''')
+
+MODELS["bls_by_name"] = ('''
+name: "bls_by_name"
+backend: "python"
+max_batch_size: 0
+input [ { name: "MODEL" data_type: TYPE_STRING dims: [ 1 ] }, { name: "A" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 16 ] } ]
+''', '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """BLS to the model named by the MODEL input, passed as read (bytes): SUM = A + A."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            name = pb_utils.get_input_tensor_by_name(request, "MODEL").as_numpy()[0]
+            a = pb_utils.get_input_tensor_by_name(request, "A").as_numpy().reshape(1, 16)
+            result = pb_utils.InferenceRequest(
+                model_name=name, requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.Tensor("INPUT0", a), pb_utils.Tensor("INPUT1", a)]).exec()
+            if result.has_error():
+                raise pb_utils.TritonModelException(result.error().message())
+            total = pb_utils.get_output_tensor_by_name(result, "OUTPUT0").as_numpy().reshape(16)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SUM", total)]))
+        return responses
+''')
+
+MODELS["bf16_dlpack"] = ('''
+name: "bf16_dlpack"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_BF16 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_BF16 dims: [ 4 ] }, { name: "REFUSED" data_type: TYPE_STRING dims: [ 1 ] } ]
+''', '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Y = X through DLPack (a BF16 tensor has no numpy form); REFUSED: what as_numpy() raised."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X")
+            try:
+                x.as_numpy()
+                refused = "nothing"
+            except pb_utils.TritonModelException as e:
+                refused = str(e)
+            y = pb_utils.Tensor.from_dlpack("Y", x.to_dlpack())
+            responses.append(pb_utils.InferenceResponse(
+                [y, pb_utils.Tensor("REFUSED", np.array([refused.encode()], dtype=object))]))
+        return responses
+''')
+
+MODELS["stuck"] = ('''
+name: "stuck"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+''', '''
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Decoupled and never sends its final flag: IN[0] == 0: execute sends one response and
+    never returns; IN[0] == 1: the thread that sends one response dies."""
+
+    def execute(self, requests):
+        for request in requests:
+            mode = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            if mode == 1:
+                threading.Thread(target=self.die, args=(request,)).start()
+                continue
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([0], np.int32))]))
+            time.sleep(3600)
+
+    def die(self, request):
+        request.get_response_sender().send(
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1], np.int32))]))
+        raise RuntimeError("the model's thread died")
+''')
+
+
 PROCESS_MODE = '\nparameters { key: "TRIDENT_EXECUTION_MODE" value: { string_value: "process" } }\n'
 
 

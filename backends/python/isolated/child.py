@@ -68,6 +68,7 @@ class ChildResponder:
         self._process = process
         self._request = request
         self.complete = False
+        self.deferred = False  # a non-decoupled request answered through the sender after execute
 
     def is_cancelled(self) -> bool:
         return self._request.cancelled
@@ -370,14 +371,16 @@ class ModelProcess:
             return
         out: list[np.ndarray] = []
         wired = [wire.response_to_wire(r, out) for r in responses]
+        deferred = [r.rid for r in requests if r.responder.deferred]
         try:
-            self.channel.send(("executed", batch, "responses", wired), out)
+            self.channel.send(("executed", batch, "responses", (wired, deferred)), out)
         except wire.ChannelClosed:
             pass
 
     def _forget(self, requests: list[ChildRequest], decoupled: bool, failed: bool) -> None:
         for request in requests:
-            if failed or not decoupled or request.responder.complete:
+            open_ = decoupled or request.responder.deferred
+            if failed or not open_ or request.responder.complete:
                 self.requests.pop(request.rid, None)
 
     def _finalize(self) -> None:

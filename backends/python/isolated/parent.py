@@ -485,21 +485,29 @@ class IsolatedInstance(ModelInstance):
                     f"(TRIDENT_EXECUTE_TIMEOUT_SECS); its process was killed and is being restarted"
                 )
             kind, payload, out = waiter.value
+            if kind == "responses":  # the requests the model answers later through its sender
+                payload, deferred = payload
+                for rid, request in zip(rids, requests, strict=True):
+                    if rid in deferred and request.responder is not None:
+                        request.responder.deferred = True
         finally:
             with self._lock:
                 for rid, request in zip(rids, requests, strict=True):
                     self._executing.discard(rid)
                     done = request.responder is None or request.responder.complete
-                    if not self.decoupled or done or waiter.value is None or waiter.value[0] != "none":
+                    answered_later = self.decoupled or bool(request.responder is not None
+                                                            and getattr(request.responder, "deferred", False))
+                    returned = waiter.value is not None and waiter.value[0] in ("none", "responses")
+                    if not answered_later or done or not returned:
                         self._inflight.pop(rid, None)
                         self._owner.pop(rid, None)
         if kind == "died":
             raise internal(f"{payload} while executing the request(s); it is being restarted")
         if kind == "error":
             raise TritonError(Code[payload[0]], payload[1])
+        if not process.alive and process.exit_message:  # it died right after execute returned
+            self._fail_orphans(process)
         if kind == "none":
-            if not process.alive and process.exit_message:  # it died right after execute returned
-                self._fail_orphans(process)
             return None
         return [wire.response_from_wire(meta, out) for meta in payload]
 
