@@ -17,6 +17,7 @@ import trio
 
 import trident
 from trident.errors import Code, TritonError, invalid_arg, unavailable, unsupported
+from trident.execution import abandon_running_calls
 from trident.logs import LogSettings
 from trident.options import ServerOptions
 from trident.protocol.generated.inference import ModelConfig
@@ -271,7 +272,9 @@ async def open_server(options: ServerOptions | None = None,
             with trio.CancelScope(shield=True):
                 if not await server.wait_drained(options.exit_timeout_secs):
                     log.warning("exit timeout expired with %d request(s) in flight", server._inflight)
-                with trio.move_on_after(options.exit_timeout_secs):
+                with trio.move_on_after(options.exit_timeout_secs) as unloading:
                     await server.repository.unload_all()
+                if unloading.cancelled_caught:  # a model stuck in execute must not keep the process up
+                    abandon_running_calls(server)
             server.tracer.close()
             repository_nursery.cancel_scope.cancel()
