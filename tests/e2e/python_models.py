@@ -448,6 +448,7 @@ class TritonPythonModel:
       two_later       a thread sends two responses, then a flag-only final
       after_final     a thread sends the response with the final flag, then another and a final
       task            (async variant) a task of the instance's asyncio loop sends it
+      never           nothing is ever sent (the request waits until the client gives up)
     Y = X + 1 and "tag" names the send that got through; the refusals a thread met are written
     to <marker>/<request id>.refused.
     """
@@ -465,7 +466,7 @@ class TritonPythonModel:
                 sender.send(answer(x, "second", len(requests)))  # raises TritonModelException
             elif mode == "task":
                 asyncio.get_running_loop().create_task(self.task(sender, x, len(requests)))
-            elif mode != "return":
+            elif mode not in ("return", "never"):
                 marker = os.path.join(params.get("marker", ""), request.request_id() + ".refused")
                 threading.Thread(target=self.later, args=(mode, sender, x, len(requests), marker)).start()
         return out if any(r is not None for r in out) else None

@@ -18,6 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from e2e.python_models import build_repo
+from tritonclient.utils import InferenceServerException
 
 NAMES = ["late_sender", "late_sender_async", "async_later", "batch_threads", "bls_by_name", "bf16_dlpack",
          "add_sub"]
@@ -111,6 +112,19 @@ def test_sends_after_the_one_response_are_refused_in_the_model(client, server, t
     assert y == [[3]] and params["tag"] == "first"
     assert json.loads(_wait_for(tmp_path / f"{rid}.refused")) == refused
     assert "a non-decoupled model sent a second response" in server.log()
+
+
+def test_a_request_never_answered_waits_until_the_client_gives_up(server):
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        inputs = [_input(grpcclient, "X", np.array([[1]], np.int32), "INT32")]
+        with pytest.raises(InferenceServerException) as info:
+            c.infer("late_sender", inputs, parameters={"mode": "never"}, client_timeout=1.0)
+        assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+        result = c.infer("late_sender", inputs, parameters={"mode": "later"})  # the model still serves
+        assert result.as_numpy("Y").tolist() == [[2]]
+    finally:
+        c.close()
 
 
 def test_batch_mixing_returned_and_sent_responses(server):
