@@ -17,6 +17,8 @@ DISTRIBUTION = "trident-inference"
 
 _LAZY = {
     "open_server": ("trident.server", "open_server"),
+    "start_server": ("trident.threaded", "start_server"),
+    "ServerThread": ("trident.threaded", "ServerThread"),
     "Server": ("trident.server", "Server"),
     "ServerOptions": ("trident.options", "ServerOptions"),
     "InferenceRequest": ("trident.types", "InferenceRequest"),
