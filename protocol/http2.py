@@ -342,6 +342,10 @@ class H2Server:
             out += frame_header(4, WINDOW_UPDATE_FRAME, 0, 0)
             out += _U32.pack(self._connection_window - DEFAULT_WINDOW)
 
+    def has_data_to_send(self) -> bool:
+        """Whether anything is queued for the client."""
+        return bool(self._out)
+
     def data_to_send(self) -> bytes:
         """Everything queued for the client since the last call (b"" when nothing)."""
         if not self._out:

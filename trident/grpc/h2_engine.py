@@ -7,7 +7,7 @@ kept selectable for one release as the fallback). Both give the transport the sa
 raises :class:`~trident.protocol.http2.ProtocolError` after queueing a GOAWAY),
 ``send_headers`` / ``send_data`` / ``reset_stream`` / ``local_flow_control_window`` (raise
 :class:`~trident.protocol.http2.StreamClosedError` for a stream not open for sending),
-``acknowledge_received_data``, ``ping``, ``goaway``, ``data_to_send``,
+``acknowledge_received_data``, ``ping``, ``goaway``, ``has_data_to_send``, ``data_to_send``,
 ``max_outbound_frame_size`` and ``highest_inbound_stream_id``.
 """
 
@@ -131,6 +131,10 @@ class H2LibEngine:
                 out.append((http2.GOAWAY, int(event.error_code), event.last_stream_id or 0,
                             event.additional_data or b""))
         return out
+
+    def has_data_to_send(self) -> bool:
+        """Always True: h2 does not say (the transport then flushes as it always did)."""
+        return True
 
     def data_to_send(self) -> bytes:
         data = self.h2.data_to_send()

@@ -79,6 +79,7 @@ _THREAD_INFLATE = 16 * 1024 * 1024  # gzip output per worker-thread step (cancel
 _KEEPALIVE_PING = b"trident\x00"
 _LINGER_SECS = 1.0  # after a GOAWAY for abuse: read and drop what the client still sends, then close
 _LINGER_BYTES = 16 * 1024 * 1024
+_PARSED_HEADERS_CACHE = 64  # request header tuples whose parse a connection keeps
 
 
 class GrpcError(Exception):
@@ -345,20 +346,26 @@ class Call:
             self.conn._send_headers(self.stream_id, _response_headers(compressed))
         await self.conn._send_data(self, message, flush)
 
-    def _trailers(self, status: int, message: str) -> list[tuple[bytes, bytes]]:
-        trailers = [] if self._headers_sent else _response_headers(False)
-        trailers.append((b"grpc-status", str(status).encode()))
+    def _trailers(self, status: int, message: str) -> tuple[tuple[bytes, bytes], ...]:
+        if status == GRPC_OK and not message:
+            return _TRAILERS_OK if self._headers_sent else _TRAILERS_ONLY_OK
+        trailers: tuple[tuple[bytes, bytes], ...] = () if self._headers_sent else _RESPONSE_HEADERS
+        trailers += ((b"grpc-status", str(status).encode()),)
         if message:
-            trailers.append((b"grpc-message", framing.encode_grpc_message(message).encode("ascii")))
+            trailers += ((b"grpc-message", framing.encode_grpc_message(message).encode("ascii")),)
         return trailers
 
 
-def _response_headers(compressed: bool) -> list[tuple[bytes, bytes]]:
-    headers = [(b":status", b"200"), (b"content-type", b"application/grpc"),
-               (b"grpc-accept-encoding", framing.ACCEPT_ENCODING.encode())]
-    if compressed:
-        headers.append((b"grpc-encoding", b"gzip"))
-    return headers
+def _response_headers(compressed: bool) -> tuple[tuple[bytes, bytes], ...]:
+    return _RESPONSE_HEADERS_GZIP if compressed else _RESPONSE_HEADERS
+
+
+# constant header blocks, as tuples: the HTTP/2 engine's encode cache keys on them
+_RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"),
+                     (b"grpc-accept-encoding", framing.ACCEPT_ENCODING.encode()))
+_RESPONSE_HEADERS_GZIP = (*_RESPONSE_HEADERS, (b"grpc-encoding", b"gzip"))
+_TRAILERS_OK = ((b"grpc-status", b"0"),)
+_TRAILERS_ONLY_OK = (*_RESPONSE_HEADERS, *_TRAILERS_OK)
 
 
 class Connection:
@@ -403,6 +410,8 @@ class Connection:
         self._keepalives_without_data = 0
         self._ping_sent_at: float | None = None  # our keepalive PING awaiting its ACK
         self._timer: trio.CancelScope | None = None  # the watchdog's sleep
+        #: id(header tuple) -> (that tuple, what _parse_headers made of it)
+        self._parsed_headers: dict[int, tuple[Any, tuple[Any, ...]]] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -678,54 +687,68 @@ class Connection:
             if not self.guard.stream_refused(self._last_received):
                 self.abuse = self.guard.abuse
             return
-        size = 0
-        for key, value in headers:
-            size += len(key) + len(value) + 32
-        if size > self.config.max_header_list_size:
-            self._refuse(stream_id, ended, GRPC_RESOURCE_EXHAUSTED,
-                         f"request header list of {size} bytes exceeds the limit of "
-                         f"{self.config.max_header_list_size}")
+        parsed = None
+        cached = self._parsed_headers.get(id(headers))
+        if cached is not None and cached[0] is headers:
+            parsed = cached[1]
+        else:
+            parsed = self._parse_headers(headers)
+            if isinstance(headers, tuple):  # the engine's decode cache hands out the same tuple again
+                if len(self._parsed_headers) >= _PARSED_HEADERS_CACHE:
+                    self._parsed_headers.clear()
+                self._parsed_headers[id(headers)] = (headers, parsed)  # holds headers: the id stays unique
+        if len(parsed) == 3:  # refused: (status, message, http status)
+            self._refuse(stream_id, ended, *parsed)
             return
-        fields = dict(headers)
-        method = fields.get(b":method")
-        content_type = fields.get(b"content-type", b"")
-        path = fields.get(b":path", b"").decode("latin-1")
-        if method != b"POST":
-            self._refuse(stream_id, ended, GRPC_UNIMPLEMENTED, "gRPC requires the POST method", b"405")
-            return
-        if not (content_type == b"application/grpc" or content_type.startswith((b"application/grpc+proto",
-                                                                                   b"application/grpc;"))):
-            self._refuse(stream_id, ended, GRPC_INVALID_ARGUMENT,
-                         f"invalid gRPC request content-type {content_type.decode('latin-1')!r}", b"415")
-            return
-        entry = self.methods.get(path)
-        if entry is None:
-            service, _, name = path.lstrip("/").rpartition("/")
-            known = any(p.startswith(f"/{service}/") for p in self.methods) if service else False
-            text = f"unknown method {name} for service {service}" if known else f"unknown service {service or path}"
-            self._refuse(stream_id, ended, GRPC_UNIMPLEMENTED, text)
-            return
-        encoding_raw = fields.get(b"grpc-encoding")
-        encoding = encoding_raw.decode("latin-1") if encoding_raw is not None else None
-        deadline = math.inf
-        try:
-            framing.check_encoding(encoding)
-            timeout = fields.get(b"grpc-timeout")
-            if timeout is not None:
-                deadline = trio.current_time() + framing.parse_timeout(timeout)
-        except FramingError as e:
-            self._refuse(stream_id, ended, e.status, e.message)
-            return
-        except (ValueError, UnicodeDecodeError) as e:
-            self._refuse(stream_id, ended, GRPC_INVALID_ARGUMENT, str(e))
-            return
-        accepts = fields.get(b"grpc-accept-encoding", b"")
-        call = Call(self, stream_id, path, headers, deadline, encoding, b"gzip" in accepts)
+        path, entry, encoding, timeout, accepts_gzip = parsed
+        deadline = math.inf if timeout is None else trio.current_time() + timeout
+        call = Call(self, stream_id, path, headers, deadline, encoding, accepts_gzip)
         if ended:
             call._ended = True
         self.calls[stream_id] = call
         assert self._nursery is not None
         self._nursery.start_soon(self._run_call, call, entry)
+
+    def _parse_headers(self, headers: Sequence[tuple[bytes, bytes]]) -> tuple[Any, ...]:
+        """What a request header list asks for: ``(path, method entry, encoding, timeout
+        seconds or None, accepts gzip)``, or ``(status, message, http status)`` to refuse it.
+        Depends on the headers alone (so it is cached for a header tuple the engine repeats)."""
+        size = 0
+        for key, value in headers:
+            size += len(key) + len(value) + 32
+        if size > self.config.max_header_list_size:
+            return (GRPC_RESOURCE_EXHAUSTED, f"request header list of {size} bytes exceeds the limit of "
+                                             f"{self.config.max_header_list_size}", b"200")
+        fields = dict(headers)
+        method = fields.get(b":method")
+        content_type = fields.get(b"content-type", b"")
+        path = fields.get(b":path", b"").decode("latin-1")
+        if method != b"POST":
+            return GRPC_UNIMPLEMENTED, "gRPC requires the POST method", b"405"
+        if not (content_type == b"application/grpc" or content_type.startswith((b"application/grpc+proto",
+                                                                                   b"application/grpc;"))):
+            return (GRPC_INVALID_ARGUMENT, f"invalid gRPC request content-type {content_type.decode('latin-1')!r}",
+                    b"415")
+        entry = self.methods.get(path)
+        if entry is None:
+            service, _, name = path.lstrip("/").rpartition("/")
+            known = any(p.startswith(f"/{service}/") for p in self.methods) if service else False
+            text = f"unknown method {name} for service {service}" if known else f"unknown service {service or path}"
+            return GRPC_UNIMPLEMENTED, text, b"200"
+        encoding_raw = fields.get(b"grpc-encoding")
+        encoding = encoding_raw.decode("latin-1") if encoding_raw is not None else None
+        timeout = None
+        try:
+            framing.check_encoding(encoding)
+            timeout_raw = fields.get(b"grpc-timeout")
+            if timeout_raw is not None:
+                timeout = framing.parse_timeout(timeout_raw)
+        except FramingError as e:
+            return e.status, e.message, b"200"
+        except (ValueError, UnicodeDecodeError) as e:
+            return GRPC_INVALID_ARGUMENT, str(e), b"200"
+        accepts = fields.get(b"grpc-accept-encoding", b"")
+        return path, entry, encoding, timeout, b"gzip" in accepts
 
     def _refuse(self, stream_id: int, ended: bool, status: int, message: str, http_status: bytes = b"200") -> None:
         """Answer a stream with a trailers-only response (no handler runs)."""
@@ -795,7 +818,7 @@ class Connection:
         if size:
             self.engine.acknowledge_received_data(size, stream_id)
 
-    def _send_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
+    def _send_headers(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]]) -> None:
         try:
             self.engine.send_headers(stream_id, headers)
         except http2.StreamClosedError:
@@ -839,7 +862,10 @@ class Connection:
             await self._flush()
 
     async def _flush(self) -> None:
-        """Write whatever the engine has queued. On a broken connection, cancels every call."""
+        """Write whatever the engine has queued (without a checkpoint when nothing is). On a
+        broken connection, cancels every call."""
+        if not self.engine.has_data_to_send():
+            return
         async with self._send_lock:
             data = self.engine.data_to_send()
             if data:
