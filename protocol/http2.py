@@ -346,12 +346,13 @@ class H2Server:
         """Whether anything is queued for the client."""
         return bool(self._out)
 
-    def data_to_send(self) -> bytes:
-        """Everything queued for the client since the last call (b"" when nothing)."""
-        if not self._out:
+    def data_to_send(self) -> bytes | bytearray:
+        """Everything queued for the client since the last call (b"" when nothing); the buffer
+        itself is handed over, not copied (the caller owns it)."""
+        data = self._out
+        if not data:
             return b""
-        data = bytes(self._out)
-        self._out.clear()
+        self._out = bytearray()
         return data
 
     # ---- receiving ------------------------------------------------------------------------

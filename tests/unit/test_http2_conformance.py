@@ -912,3 +912,22 @@ def test_rfc7541_encode_cache_never_replays_a_block_that_changed_the_table():
         s.send_headers(stream_id, tuple(trailers), end_stream=True)
         f, = sent(s)
         assert decoder.decode(f.data, raw=True) == trailers
+
+
+def test_rfc9113_6_1_data_cut_inside_its_padding_hands_out_no_padding():
+    s, c = server(), Client()
+    opened(s, c)
+    frame = data(1, b"0123456789", pad=20, end_stream=True)
+    for cut in (10, 15, 20, 25, 35, 39):  # in the pad length, the payload, the padding
+        s, c = server(), Client()
+        opened(s, c)
+        events = s.receive_data(frame[:cut]) + s.receive_data(frame[cut:])
+        assert b"".join(bytes(e[2]) for e in events) == b"0123456789"
+        assert sum(e[3] for e in events) == 31 and events[-1][4] is True
+        assert all(len(e[2]) <= e[3] for e in events)
+
+
+def test_rfc9113_6_1_padded_data_without_a_pad_length_is_frame_size_error():
+    s, c = server(), Client()
+    opened(s, c)
+    connection_error(s, raw(0, 0x8, 1, b""), FRAME_SIZE_ERROR)

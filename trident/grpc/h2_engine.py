@@ -136,7 +136,7 @@ class H2LibEngine:
         """Always True: h2 does not say (the transport then flushes as it always did)."""
         return True
 
-    def data_to_send(self) -> bytes:
+    def data_to_send(self) -> bytes | bytearray:
         data = self.h2.data_to_send()
         if self._extra:
             data, self._extra = data + self._extra, b""
