@@ -689,7 +689,10 @@ class _Cycle:
 
 
 def _infer_target(target: bytes) -> tuple[str, str] | None:
-    """``(model, version)`` when the request target is an infer path, else None."""
+    """``(model, version)`` when the request target is an infer path, else None (cached)."""
+    hit = _TARGETS.get(target)
+    if hit is not None:
+        return hit
     raw_path = target.partition(b"?")[0]
     if not raw_path.endswith(b"/infer"):
         return None
@@ -700,7 +703,13 @@ def _infer_target(target: bytes) -> tuple[str, str] | None:
     match = _INFER_PATH.fullmatch(path)
     if match is None:
         return None
-    return match.group(1), match.group(2) or ""
+    hit = match.group(1), match.group(2) or ""
+    if len(_TARGETS) < 1024:
+        _TARGETS[target] = hit
+    return hit
+
+
+_TARGETS: dict[bytes, tuple[str, str]] = {}  # infer targets seen (bounded)
 
 
 async def _accept_loop(listener: trio.SocketListener, state: _State, nursery: trio.Nursery) -> None:
