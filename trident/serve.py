@@ -128,6 +128,24 @@ def startup_tables(server: Server) -> list[str]:
             format_table(("Option", "Value"), options)]
 
 
+async def _load_models(server: Server) -> int:
+    """Load the start-up models, log tritonserver's tables; 1 when ``--exit-on-error`` and a
+    model failed to load, else 0."""
+    await server.load_models()
+    for table in startup_tables(server):
+        log.info("\n%s\n", table)
+    index = server.repository_index()
+    failed = [e for e in index if e.state == "UNAVAILABLE" and e.reason != "unloaded"]
+    log.info("model loading complete: %d ready, %d unavailable",
+             sum(e.state == "READY" for e in index), len(failed))
+    if failed and server.options.exit_on_error:
+        for e in failed:
+            log.error("failed to load '%s': %s", e.name, e.reason)
+        log.error("exiting: --exit-on-error is set and a model failed to load")
+        return 1
+    return 0
+
+
 def _missing_repository(opts: ServerOptions) -> str | None:
     """Why a ``--model-repository`` cannot be served (None when all can): a missing or
     unreadable folder stops the server at start-up, as tritonserver does."""
@@ -169,15 +187,8 @@ async def serve(options: ServerOptions) -> int:
         for flag, value, why in options.ignored_flags:
             log.warning("ignoring %s=%s: %s", flag, value, why)
         log.info("trident %s (Triton-compatible inference server, KServe v2) starting", trident.__version__)
-        async with open_server(options, log_settings) as server:
-            for table in startup_tables(server):
-                log.info("\n%s\n", table)
-            failed = [e for e in server.repository_index() if e.state == "UNAVAILABLE" and e.reason != "unloaded"]
-            if failed and options.exit_on_error:
-                for e in failed:
-                    log.error("failed to load '%s': %s", e.name, e.reason)
-                log.error("exiting: --exit-on-error is set and a model failed to load")
-                return 1
+        # the front ends listen before the models load: live is true and ready false meanwhile
+        async with open_server(options, log_settings, load=False) as server:
             shutdown = trio.Event()
             # HTTP stops by itself once triggered (hypercorn finishes open responses); gRPC and
             # metrics are cancelled after the drain (gRPC sends GOAWAY and drains its calls)
@@ -190,6 +201,9 @@ async def serve(options: ServerOptions) -> int:
                     except StartError as e:
                         log.error("%s", e)
                         status = 1
+                    else:
+                        status = await _load_models(server)
+                    if status:
                         front_ends.cancel_scope.cancel()
                         http_nursery.cancel_scope.cancel()
                     else:

@@ -18,7 +18,7 @@ import trio
 import trident
 from trident.errors import Code, TritonError, invalid_arg, unavailable, unsupported
 from trident.execution import abandon_running_calls
-from trident.logs import LogSettings
+from trident.logs import VERBOSE, LogSettings
 from trident.options import ServerOptions
 from trident.protocol.generated.inference import ModelConfig
 from trident.repository import IndexEntry, ModelRepository, Served
@@ -58,6 +58,9 @@ class Server:
         self.tracing = TraceSettings.from_options(options)
         self.tracer = Tracer(self.tracing, parse_trace_config(list(options.trace_config))[1])
         self.stopping = False
+        #: models still loading at start-up (the front ends listen meanwhile: live, not ready)
+        self.loading = False
+        self._repository_nursery = repository_nursery
         self._inflight = 0
         self._drained = trio.Event()
         self._drained.set()
@@ -68,7 +71,7 @@ class Server:
         return True
 
     def is_ready(self) -> bool:
-        if self.stopping:
+        if self.stopping or self.loading:
             return False
         return self.repository.all_ready() if self.options.strict_readiness else True
 
@@ -180,6 +183,11 @@ class Server:
         request, UNSUPPORTED for decoupled models, the model's error for a failed execution.
         Cancellation: cancelling the caller cancels the request (dropped if still queued).
         """
+        if log.isEnabledFor(VERBOSE):
+            return await self._logged(self._infer(request, endpoint), request)
+        return await self._infer(request, endpoint)
+
+    async def _infer(self, request: InferenceRequest, endpoint: str) -> InferenceResponse:
         mv = self.repository.get(request.model_name, request.model_version)
         if mv.decoupled:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
@@ -198,18 +206,52 @@ class Server:
             raise response.error
         return response
 
+    async def _logged(self, call: Awaitable[Any], request: InferenceRequest) -> Any:
+        """``await call``, logging the request's id, model and outcome (--log-verbose >= 1)."""
+        what = f"model '{request.model_name}'" + (f" version {request.model_version}" if request.model_version else "")
+        rid = request.id or "<id_unknown>"
+        log.log(VERBOSE, "infer request %s to %s: %d input(s)", rid, what, len(request.inputs), extra={"verbose": 1})
+        try:
+            result = await call
+        except TritonError as e:
+            log.log(VERBOSE, "infer request %s to %s failed: %s %s", rid, what, e.code.value, e.message,
+                    extra={"verbose": 1})
+            raise
+        except BaseException as e:
+            log.log(VERBOSE, "infer request %s to %s ended: %s", rid, what, type(e).__name__, extra={"verbose": 1})
+            raise
+        log.log(VERBOSE, "infer request %s to %s: OK", rid, what, extra={"verbose": 1})
+        return result
+
     async def infer_stream(self, request: InferenceRequest, send: SendResponse) -> None:
         """Run a request and ``await send(response)`` for each of its responses (last is final).
 
         Raises TritonError for errors before the first response; later errors arrive as
         responses with ``error`` set. Cancellation: as :meth:`infer`.
         """
+        if log.isEnabledFor(VERBOSE):
+            await self._logged(self._infer_stream(request, send), request)
+        else:
+            await self._infer_stream(request, send)
+
+    async def _infer_stream(self, request: InferenceRequest, send: SendResponse) -> None:
         mv = self.repository.get(request.model_name, request.model_version)
         self._admit()
         try:
             await mv.infer_stream(request, send)
         finally:
             self._release()
+
+    async def load_models(self) -> None:
+        """Load what the control mode asks for at start-up (and start polling in poll mode);
+        readiness is false until it returns. Raises what the repository's start-up raises."""
+        self.loading = True
+        try:
+            await self.repository.startup()
+            if self.options.model_control_mode == "poll":
+                await self._repository_nursery.start(self.repository.poll_forever)
+        finally:
+            self.loading = False
 
     async def wait_drained(self, timeout: float) -> bool:
         """Wait until no request is in flight or ``timeout`` seconds pass; True if drained."""
@@ -253,18 +295,18 @@ class Server:
 
 @asynccontextmanager
 async def open_server(options: ServerOptions | None = None,
-                      log_settings: LogSettings | None = None) -> AsyncIterator[Server]:
+                      log_settings: LogSettings | None = None, *, load: bool = True) -> AsyncIterator[Server]:
     """A running server without front ends (in-process use and the base of ``serve``).
 
-    Loads the models the control mode asks for before yielding; on exit drains in-flight
+    Loads the models the control mode asks for before yielding (with ``load=False`` the caller
+    does, with :meth:`Server.load_models`: ``serve`` listens first); on exit drains in-flight
     requests (up to ``exit_timeout_secs``) and unloads every model.
     """
     options = options or ServerOptions()
     async with trio.open_nursery() as repository_nursery:
         server = Server(options, repository_nursery, log_settings)
-        await server.repository.startup()
-        if options.model_control_mode == "poll":
-            await repository_nursery.start(server.repository.poll_forever)
+        if load:
+            await server.load_models()
         try:
             yield server
         finally:

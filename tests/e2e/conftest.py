@@ -31,6 +31,7 @@ HERE = Path(__file__).parent
 MODELS = HERE / "models"
 _GRPC_HTTP2_ENV = "TRIDENT_E2E_GRPC_HTTP2"
 GRPC_HTTP2 = ("trident", "h2")  # --grpc-http2 values the gRPC suites run against
+_LOADED = "model loading complete:"  # the front ends listen first, then the models load
 _STARTED = re.compile(r"Started (GRPCInferenceService|HTTPService|Metrics Service) at ([\d.]+):(\d+)")
 
 
@@ -109,7 +110,7 @@ def start_server(*flags: str, repo: Path | str | None = None, timeout: float = 6
     while time.monotonic() < deadline:
         for m in _STARTED.finditer(server.log()):
             server.ports[m.group(1)] = int(m.group(3))
-        if all(name in server.ports for name in expect):
+        if all(name in server.ports for name in expect) and _LOADED in server.log():
             return server
         if proc.poll() is not None:
             raise RuntimeError(f"trident exited with {proc.returncode}:\n{server.log()}")

@@ -126,3 +126,71 @@ def test_during_the_drain_http_keeps_answering(tmp_path: Path) -> None:
     thread.join(30)
     assert result.get("y") == [3.0]
     assert server.proc.wait(30) == 0
+
+
+SLOW_INIT_PY = '''
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(3)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(
+            r, "INPUT0").as_numpy())]) for r in requests]
+'''
+
+
+def test_the_front_ends_listen_while_models_load(tmp_path: Path) -> None:
+    """Better than Triton (silent while it loads): live answers true and ready false until the
+    start-up models are loaded."""
+    import re
+    import time
+
+    from tests.e2e.models import write_model
+
+    repo = tmp_path / "repo"
+    write_model(repo, "slow_init", '''
+name: "slow_init"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+''', SLOW_INIT_PY)
+    proc = subprocess.Popen([sys.executable, "-m", "trident", "serve", *ADDRESSES, "--model-repository", str(repo),
+                             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--log-verbose=1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        port = None
+        lines = []
+        deadline = time.monotonic() + 30
+        while port is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            m = re.search(r"Started HTTPService at [\d.]+:(\d+)", line)
+            port = int(m.group(1)) if m else None
+        assert port is not None, "".join(lines)
+        assert not any("model loading complete" in line for line in lines)  # still loading
+        assert httpx.get(f"http://{LOOP}:{port}/v2/health/live").status_code == 200
+        assert httpx.get(f"http://{LOOP}:{port}/v2/health/ready").status_code == 400
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "model loading complete: 1 ready, 0 unavailable" in line:
+                break
+        assert httpx.get(f"http://{LOOP}:{port}/v2/health/ready").status_code == 200
+        body = {"id": "req-7", "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
+        assert httpx.post(f"http://{LOOP}:{port}/v2/models/slow_init/infer", json=body).status_code == 200
+        bad = {"id": "req-8", "inputs": [{"name": "NOPE", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
+        assert httpx.post(f"http://{LOOP}:{port}/v2/models/slow_init/infer", json=bad).status_code == 400
+    finally:
+        proc.send_signal(__import__("signal").SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    log = "".join(lines) + out
+    # --log-verbose=1: the final config on load, each request's id, model and outcome
+    assert "model 'slow_init' version 1 config: {" in log
+    assert "infer request req-7 to model 'slow_init': OK" in log
+    assert re.search(r"infer request req-8 to model 'slow_init' failed: INVALID_ARG", log)
