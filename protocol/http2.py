@@ -27,14 +27,10 @@ Connection errors (§5.4.1) queue a GOAWAY with the error code and raise :class:
 the connection is then dead (later input is ignored). Stream errors queue a RST_STREAM and,
 for a stream the consumer knows, give a RESET event.
 
-HPACK (RFC 7541) is the ``hpack`` library's, with two caches: decoded (and validated) request
-header blocks keyed by the block's bytes, and encoded response blocks keyed by the header
-tuple. An entry is only made for a block that leaves its HPACK table unchanged (only indexed
-fields and literals without indexing: no incremental indexing, no table size update, as
-:func:`table_neutral` reads it), and a cache is cleared whenever its table changes (a block
-that changes it, or for the encoder a new SETTINGS_HEADER_TABLE_SIZE), so a cached result is
-always exactly what decoding or encoding would give. Both caches are bounded in entries and in
-the size of what they hold.
+HPACK (RFC 7541) is the ``hpack`` library's, behind :class:`~trident.protocol.http2_headers.HeaderCodec`
+with its two caches: decoded (and validated) request header blocks keyed by the block's bytes,
+and encoded response blocks keyed by the header tuple, each used only while the HPACK table it
+depends on is unchanged, so a cached result is exactly what decoding or encoding would give.
 
 Every count and size the client controls is bounded: header blocks (``max_header_block``
 compressed bytes, ``max_header_list_hard`` decoded), open streams (``max_open_streams``; past it
@@ -47,14 +43,14 @@ Nothing here does I/O, reads a clock or imports trident's server layers.
 
 from __future__ import annotations
 
-import re
 import struct
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-import hpack
 from hpack.exceptions import HPACKError, OversizedHeaderListError
+
+from trident.protocol.http2_headers import HeaderCodec, validate_trailers
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -89,17 +85,8 @@ _SETTING = struct.Struct(">HL")
 _U32 = struct.Struct(">L")
 _GOAWAY = struct.Struct(">LL")
 
-_CONNECTION_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
-                                 b"upgrade"})
-_REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
-_BAD_NAME = re.compile(rb"[\x00-\x20A-Z\x7f-\xff]")
-_BAD_VALUE = re.compile(rb"[\x00\r\n]")
 
 _RESET_MEMORY = 4096  # streams reset (by either side) whose late frames are dropped quietly
-_DECODE_CACHE_ENTRIES = 64
-_DECODE_CACHE_BLOCK = 8192  # blocks larger than this are not cached
-_DECODE_CACHE_LIST = 64 * 1024  # nor are header lists larger than this (RFC 9113 §6.5.2 size)
-_ENCODE_CACHE_ENTRIES = 32
 
 
 class ProtocolError(Exception):
@@ -129,128 +116,6 @@ class _Stream:
         self.recv_processed = 0  # bytes acknowledged by the consumer, not yet given back
         self.remote_ended = False
         self.local_ended = False
-
-
-def _read_int(block: bytes, pos: int, prefix: int) -> tuple[int, int]:
-    """An HPACK integer (RFC 7541 §5.1) at ``pos`` with an N-bit prefix: (value, next position);
-    position -1 when it runs past the end or beyond 2**32."""
-    mask = (1 << prefix) - 1
-    value = block[pos] & mask
-    pos += 1
-    if value < mask:
-        return value, pos
-    shift = 0
-    end = len(block)
-    while pos < end:
-        byte = block[pos]
-        pos += 1
-        value += (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            break
-    return 0, -1
-
-
-def table_neutral(block: bytes) -> bool:
-    """Whether an HPACK block (RFC 7541 §6) leaves the dynamic table as it was: it holds only
-    indexed fields (§6.1) and literals without indexing or never indexed (§6.2.2, §6.2.3), no
-    literal with incremental indexing (§6.2.1) and no dynamic table size update (§6.3).
-    A malformed block is not neutral."""
-    pos, end = 0, len(block)
-    while pos < end:
-        first = block[pos]
-        if first & 0x80:
-            _, pos = _read_int(block, pos, 7)
-        elif first & 0xE0:  # 01xxxxxx incremental indexing, 001xxxxx size update
-            return False
-        else:
-            index, pos = _read_int(block, pos, 4)
-            if pos >= 0 and index == 0:
-                pos = _skip_string(block, pos)
-            if pos >= 0:
-                pos = _skip_string(block, pos)
-        if pos < 0:
-            return False
-    return pos == end
-
-
-def _skip_string(block: bytes, pos: int) -> int:
-    if pos >= len(block):
-        return -1
-    length, pos = _read_int(block, pos, 7)
-    if pos < 0 or pos + length > len(block):
-        return -1
-    return pos + length
-
-
-def validate_request_headers(headers: Sequence[tuple[bytes, bytes]]) -> str | None:
-    """What is wrong with a request header list (RFC 9113 §8.2, §8.3.1), None when it is valid.
-
-    The checks h2 makes: names non-empty, lowercase, without control characters, spaces or a
-    colon past the first character; values without NUL/CR/LF or surrounding whitespace; no
-    connection-specific fields, TE only ``trailers``; pseudo-header fields first, known, not
-    repeated, ``:method``, ``:scheme`` and a non-empty ``:path`` present (CONNECT is not
-    served); ``:authority`` or ``host`` present and equal when both are."""
-    error = _check_fields(headers)
-    if error is not None:
-        return error
-    seen: set[bytes] = set()
-    regular = False
-    authority = host = None
-    for name, value in headers:
-        if name[0] == 0x3A:  # ':'
-            if regular:
-                return f"pseudo-header field {name!r} after a regular field"
-            if name in seen:
-                return f"duplicate pseudo-header field {name!r}"
-            if name not in _REQUEST_PSEUDO:
-                return f"pseudo-header field {name!r} not allowed in a request"
-            seen.add(name)
-            if name == b":authority":
-                authority = value
-            elif name == b":path" and not value:
-                return "empty :path"
-        else:
-            regular = True
-            if name == b"host":
-                host = value
-    for name in (b":method", b":scheme", b":path"):
-        if name not in seen:
-            return f"request without {name.decode()}"
-    if authority is None and host is None:
-        return "request without :authority or host"
-    if authority is not None and host is not None and authority != host:
-        return "request :authority and host differ"
-    return None
-
-
-def validate_trailers(headers: Sequence[tuple[bytes, bytes]]) -> str | None:
-    """What is wrong with a trailer list (RFC 9113 §8.1: no pseudo-header fields), None if valid."""
-    error = _check_fields(headers)
-    if error is not None:
-        return error
-    for name, _ in headers:
-        if name[0] == 0x3A:
-            return f"pseudo-header field {name!r} in trailers"
-    return None
-
-
-def _check_fields(headers: Sequence[tuple[bytes, bytes]]) -> str | None:
-    for name, value in headers:
-        if not name:
-            return "empty header name"
-        if _BAD_NAME.search(name) is not None or name.find(b":", 1) != -1:
-            return f"invalid header name {name!r}"
-        if value and (_BAD_VALUE.search(value) is not None or value[0] in (0x20, 0x09)
-                      or value[-1] in (0x20, 0x09)):
-            return f"invalid value of header {name!r}"
-        if name in _CONNECTION_HEADERS:
-            return f"connection-specific header {name!r}"
-        if name == b"te" and value.lower() != b"trailers":
-            return f"invalid TE header {value!r}"
-    return None
 
 
 def frame_header(length: int, kind: int, flags: int, stream_id: int) -> bytes:
@@ -314,15 +179,8 @@ class H2Server:
         self._block_self_dependent = False
         self._reset: set[int] = set()
         self._reset_order: deque[int] = deque()
-        self._decoder = hpack.Decoder(max_header_list_size=max_header_list_hard)
-        self._encoder = hpack.Encoder()
-        self._decode_cache: dict[bytes, tuple[tuple[tuple[bytes, bytes], ...], str | None]] = {}
-        self._encode_cache: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
-        self._cache_entries = _DECODE_CACHE_ENTRIES if header_cache else 0
-        self._encode_entries = _ENCODE_CACHE_ENTRIES if header_cache else 0
-        #: decode cache statistics (hits, misses), for tests and benchmarks
-        self.cache_hits = 0
-        self.cache_misses = 0
+        #: HPACK with the decode and encode caches
+        self.header_codec = HeaderCodec(max_header_list_hard, cache=header_cache)
 
     # ---- handshake ------------------------------------------------------------------------
 
@@ -486,7 +344,7 @@ class H2Server:
             elif kind == RST_STREAM_FRAME:
                 self._rst_stream_frame(payload, stream_id, events)
             elif kind == PRIORITY_FRAME:
-                self._priority_frame(payload, stream_id)
+                self._priority_frame(payload, stream_id, events)
             elif kind == GOAWAY_FRAME:
                 self._goaway_frame(payload, stream_id, events)
             elif kind == PUSH_PROMISE_FRAME:
@@ -650,32 +508,14 @@ class H2Server:
             self._header_block(stream_id, first, block, events, self._block_self_dependent)
 
     def _decode(self, block: bytes) -> tuple[tuple[tuple[bytes, bytes], ...], str | None]:
-        """Decode a header block (cached while the table does not change); the error of its
-        request validation rides along. Raises ProtocolError for HPACK errors."""
-        cache = self._decode_cache
-        hit = cache.get(block)
-        if hit is not None:
-            self.cache_hits += 1
-            return hit
-        self.cache_misses += 1
+        """Decode a header block (HPACK state follows every block). Raises ProtocolError:
+        ENHANCE_YOUR_CALM for a list over the hard limit, COMPRESSION_ERROR for bad HPACK."""
         try:
-            headers = tuple(self._decoder.decode(block, raw=True))
+            return self.header_codec.decode(block)
         except OversizedHeaderListError:
             self._connection_error(ENHANCE_YOUR_CALM, "decoded header list exceeds the limit")
-        except (HPACKError, IndexError, TypeError, ValueError) as e:
+        except HPACKError as e:
             self._connection_error(COMPRESSION_ERROR, f"HPACK decoding failed: {e}")
-        entry = (headers, validate_request_headers(headers) if headers else "empty header block")
-        if table_neutral(block):
-            size = 0
-            for name, value in headers:
-                size += len(name) + len(value) + 32
-            if len(block) <= _DECODE_CACHE_BLOCK and size <= _DECODE_CACHE_LIST and self._cache_entries:
-                if len(cache) >= self._cache_entries:
-                    cache.clear()
-                cache[block] = entry
-        else:
-            cache.clear()  # the table changed: what was cached may decode differently now
-        return entry
 
     def _header_block(self, stream_id: int, flags: int, block: bytes, events: list[Any],
                       self_dependent: bool) -> None:
@@ -753,10 +593,7 @@ class H2Server:
                     changed = True
             elif key == HEADER_TABLE_SIZE:
                 # the encoder's table may not exceed it; a size update goes in the next block
-                size = min(value, 1 << 16)
-                if size != self._encoder.header_table_size:
-                    self._encoder.header_table_size = size
-                    self._encode_cache.clear()
+                self.header_codec.set_peer_table_size(value)
             # MAX_CONCURRENT_STREAMS (we push nothing), MAX_HEADER_LIST_SIZE, unknown: no action
         self._out += frame_header(0, SETTINGS_FRAME, FLAG_ACK, 0)
         if changed:
@@ -816,11 +653,11 @@ class H2Server:
             self._data_stream = None
         events.append((RESET, stream_id, _U32.unpack_from(payload)[0]))
 
-    def _priority_frame(self, payload: memoryview, stream_id: int) -> None:
+    def _priority_frame(self, payload: memoryview, stream_id: int, events: list[Any]) -> None:
         if stream_id == 0:
             self._connection_error(PROTOCOL_ERROR, "PRIORITY on stream 0")
         if len(payload) != 5:
-            self._send_rst(stream_id, FRAME_SIZE_ERROR)  # §6.3: a stream error
+            self._stream_error(stream_id, FRAME_SIZE_ERROR, events)  # §6.3: a stream error
         # otherwise ignored (§5.3.2); a stream depending on itself is harmless without priorities
 
     def _goaway_frame(self, payload: memoryview, stream_id: int, events: list[Any]) -> None:
@@ -873,30 +710,11 @@ class H2Server:
             raise StreamClosedError(f"stream {stream_id} is not open for sending")
         return stream
 
-    def encode_headers(self, headers: Sequence[tuple[bytes, bytes]]) -> bytes:
-        """The HPACK block of ``headers`` (from the encode cache when that is exact: a tuple of
-        headers whose last encoding left the table unchanged)."""
-        key = headers if isinstance(headers, tuple) else None
-        if key is not None:
-            block = self._encode_cache.get(key)
-            if block is not None:
-                return block
-        block = self._encoder.encode(headers, huffman=True)
-        if table_neutral(block):
-            if key is not None and self._encode_entries:
-                cache = self._encode_cache
-                if len(cache) >= self._encode_entries:
-                    cache.clear()
-                cache[key] = block
-        else:
-            self._encode_cache.clear()
-        return block
-
     def send_headers(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]], end_stream: bool = False) -> None:
         """Queue a HEADERS frame (response headers or trailers), with CONTINUATIONs when the
         block exceeds the peer's frame size. Raises StreamClosedError."""
         stream = self._open_stream(stream_id)
-        block = self.encode_headers(headers)
+        block = self.header_codec.encode(headers)
         out = self._out
         size = self.max_outbound_frame_size
         flags = FLAG_END_STREAM if end_stream else 0

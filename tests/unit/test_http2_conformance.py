@@ -26,6 +26,7 @@ from hyperframe.frame import (
 )
 
 from trident.protocol import http2
+from trident.protocol.http2_headers import table_neutral
 from trident.protocol.http2 import (
     COMPRESSION_ERROR,
     DATA,
@@ -461,6 +462,13 @@ def test_rfc9113_6_3_priority_of_the_wrong_length_is_a_stream_error():
     assert resets(sent(s)) == rst(1, FRAME_SIZE_ERROR)
 
 
+def test_rfc9113_6_3_priority_of_the_wrong_length_resets_an_open_stream():
+    s, c = server(), Client()
+    opened(s, c)
+    assert s.receive_data(raw(2, 0, 1, b"\x00" * 6)) == [(RESET, 1, FRAME_SIZE_ERROR)]
+    assert resets(sent(s)) == rst(1, FRAME_SIZE_ERROR) and s.streams == {}
+
+
 def test_rfc9113_6_3_priority_on_stream_0_is_protocol_error():
     connection_error(server(), raw(2, 0, 0, b"\x00" * 5), PROTOCOL_ERROR)
 
@@ -824,7 +832,7 @@ def test_rfc7541_4_1_decoded_header_list_over_the_hard_limit_is_enhance_your_cal
     (b"\x82\x04\x85ab", False),  # truncated string: not neutral
 ])
 def test_rfc7541_6_table_neutral_blocks(block, neutral):
-    assert http2.table_neutral(block) is neutral
+    assert table_neutral(block) is neutral
 
 
 def test_rfc7541_2_3_2_repeated_block_is_decoded_from_the_cache():
@@ -836,7 +844,7 @@ def test_rfc7541_2_3_2_repeated_block_is_decoded_from_the_cache():
         assert s.receive_data(frame) == [(REQUEST, stream_id, tuple(REQUEST_HEADERS), True)]
     # the first block indexes the fields (table changed), the later ones only reference them
     assert blocks[1] == blocks[2] == blocks[3] != blocks[0]
-    assert (s.cache_misses, s.cache_hits) == (2, 2)
+    assert (s.header_codec.misses, s.header_codec.hits) == (2, 2)
 
 
 def test_rfc7541_2_3_2_cache_is_invalidated_by_a_block_that_changes_the_table():
@@ -851,28 +859,28 @@ def test_rfc7541_2_3_2_cache_is_invalidated_by_a_block_that_changes_the_table():
     base = b"\x83\x86\x04\x0f/pkg.Svc/Method\x01\x09localhost"
     request(1, base + b"\x40\x03x-a\x011")  # §6.2.1: x-a: 1 becomes dynamic entry 62
     referencing = base + b"\xbe"  # §6.1: index 62, whatever it holds
-    assert http2.table_neutral(referencing)
+    assert table_neutral(referencing)
     assert request(3, referencing)[-1] == (b"x-a", b"1")
     assert request(5, referencing)[-1] == (b"x-a", b"1")
-    assert s.cache_hits == 1
+    assert s.header_codec.hits == 1
     inserting = base + b"\x40\x03x-b\x012"  # x-b: 2 becomes entry 62, x-a moves to 63
-    assert not http2.table_neutral(inserting)
+    assert not table_neutral(inserting)
     request(7, inserting)
-    assert s._decode_cache == {}
+    assert s.header_codec.decode_cache == {}
     assert request(9, referencing)[-1] == (b"x-b", b"2")  # the same bytes mean another field now
-    assert s.cache_hits == 1
+    assert s.header_codec.hits == 1
 
 
 def test_rfc7541_6_3_cache_is_invalidated_by_a_table_size_update():
     s, c = server(), Client()
     for stream_id in (1, 3, 5):
         s.receive_data(c.headers(stream_id, end_stream=True))
-    assert s.cache_hits == 1
+    assert s.header_codec.hits == 1
     c.encoder.header_table_size = 0  # the next block starts with a size update that empties the table
     frame = c.headers(7, end_stream=True)
     assert frame[9] & 0xE0 == 0x20
     assert s.receive_data(frame) == [(REQUEST, 7, tuple(REQUEST_HEADERS), True)]
-    assert s._decode_cache == {}
+    assert s.header_codec.decode_cache == {}
     # the old block would now reference entries that are gone: decoding (not the cache) says so
     old = Client()
     old.encoder.encode(REQUEST_HEADERS)
@@ -891,9 +899,9 @@ def test_rfc7541_4_2_settings_header_table_size_invalidates_the_encode_cache():
         f, = sent(s)
         blocks.append(f.data)
         assert decoder.decode(f.data, raw=True) == list(response)
-    assert blocks[1] == blocks[2] and response in s._encode_cache
+    assert blocks[1] == blocks[2] and response in s.header_codec.encode_cache
     s.receive_data(settings(header_table_size=0))
-    assert s._encode_cache == {}
+    assert s.header_codec.encode_cache == {}
     sent(s)
     opened(s, c, 7, end_stream=True)
     decoder.header_table_size = 0
