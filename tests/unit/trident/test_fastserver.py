@@ -578,3 +578,58 @@ async def test_serve_http_fast_takes_the_limits_from_the_options():
             assert (await head.read_to_eof()).startswith(b"HTTP/1.1 408 ")
             assert (await body.read_to_eof()).startswith(b"HTTP/1.1 408 ")
         nursery.cancel_scope.cancel()
+
+
+async def test_the_infer_fast_path_leaves_no_task_behind(monkeypatch):
+    """Disconnects during watched inferences, bad and truncated bodies: every task ends with its connection."""
+    monkeypatch.setattr(fastserver, "WATCH_DELAY", 0.01)
+    options = ServerOptions(model_repositories=[str(Path(EXAMPLE_REPOSITORY))], exit_timeout_secs=5)
+    body = b'{"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}'
+    path = b"/v2/models/identity_fp32/infer"
+    cancelled: list[bool] = []
+    async with open_server(options) as server, trio.open_nursery() as nursery:
+        infer = server.infer
+
+        async def slow_infer(request: Any, **kwargs: Any) -> Any:
+            try:
+                await trio.sleep(0.3)
+            except trio.Cancelled:
+                cancelled.append(True)
+                raise
+            return await infer(request, **kwargs)
+
+        port = await nursery.start(
+            lambda task_status: serve_http_fast(server, host="127.0.0.1", port=0, task_status=task_status))
+        warm = await Client.connect(port)
+        await warm.send(post(path, body))
+        assert (await warm.response())[0].status_code == 200
+        await warm.stream.aclose()
+        await trio.sleep(0.1)
+        living = trio.lowlevel.current_statistics().tasks_living
+        monkeypatch.setattr(server, "infer", slow_infer)
+
+        async def one(kind: int) -> None:
+            client = await Client.connect(port)
+            if kind == 0:  # leaves while its request is watched
+                await client.send(post(path, body))
+                await trio.sleep(0.1)
+            elif kind == 1:  # answered, after a watch that ends with the request
+                await client.send(post(path, body))
+                assert (await client.response())[0].status_code == 200
+            elif kind == 2:  # bad JSON: 400, the connection stays
+                await client.send(post(path, b"{oops") + post(path, b"[]"))
+                assert (await client.response())[0].status_code == 400
+                assert (await client.response())[0].status_code == 400
+            else:  # a truncated body, then gone
+                await client.send(post(path, body)[:-5])
+            await client.stream.aclose()
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as clients:
+                for i in range(24):
+                    clients.start_soon(one, i % 4)
+            while trio.lowlevel.current_statistics().tasks_living > living:
+                await trio.sleep(0.05)
+        assert len(cancelled) == 6  # every request whose client left while it ran
+        assert trio.lowlevel.current_statistics().tasks_living == living
+        nursery.cancel_scope.cancel()
