@@ -1,7 +1,8 @@
 """HTTP/2 abuse limits, sans-IO: a frame guard in front of the HTTP/2 engine and gRPC's ping policy.
 
 :class:`FrameGuard` reads the 9-byte frame headers of the client's byte stream before the
-HTTP/2 engine (``h2``) parses it. It never changes the bytes; it says
+HTTP/2 engine (trident's own :mod:`trident.protocol.http2`, or ``h2``) parses it. It never
+changes the bytes; it says
 
 * where the data may be cut into slices of at most ``slice_frames`` frames, so that the
   transport can hand each slice to the engine and let other tasks run in between (one

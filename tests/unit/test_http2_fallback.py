@@ -20,3 +20,29 @@ def _h2_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_fallback_engine_is_in_use() -> None:
     assert transport.make_engine is h2_engine.H2LibEngine
+
+
+def test_grpc_http2_option_selects_the_engine() -> None:
+    from types import SimpleNamespace
+
+    from trident.grpc.serve import transport_config
+    from trident.protocol import http2
+
+    assert transport_config(SimpleNamespace()).http2 == "trident"
+    assert isinstance(h2_engine.make_engine(transport_config(SimpleNamespace())), http2.H2Server)
+    fallback = transport_config(SimpleNamespace(grpc_http2="h2"))
+    assert fallback.http2 == "h2" and isinstance(h2_engine.make_engine(fallback), h2_engine.H2LibEngine)
+    with pytest.raises(ValueError, match="--grpc-http2"):
+        transport_config(SimpleNamespace(grpc_http2="nghttp2"))
+    with pytest.raises(ValueError, match="unknown HTTP/2 implementation"):
+        h2_engine.make_engine(transport.TransportConfig(http2="nghttp2"))
+
+
+def test_cli_grpc_http2_flag() -> None:
+    from trident.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).grpc_http2 == "trident"
+    assert parser.parse_args(["serve", "--grpc-http2", "h2"]).grpc_http2 == "h2"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--grpc-http2", "nghttp2"])
