@@ -32,6 +32,7 @@ import numpy as np
 
 from trident.errors import invalid_arg, unsupported
 from trident.protocol import datatypes
+from trident.protocol.kserve import ShmLookup, shm_array, shm_parameters, write_shm_output
 from trident.types import InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
 
 Buffer = bytes | bytearray | memoryview
@@ -354,13 +355,14 @@ def _input(buf: _Bytes, view: memoryview, pos: int, stop: int, outputs: bool = F
     return t
 
 
-def decode_model_infer_request(data: Buffer) -> InferenceRequest:
+def decode_model_infer_request(data: Buffer, shm: ShmLookup | None = None) -> InferenceRequest:
     """Decode a serialized ``inference.ModelInferRequest`` into an :class:`InferenceRequest`.
 
     Raw tensor data is not copied: the arrays view ``data`` (pass a ``bytearray`` for writable
     arrays; any other buffer than bytes or bytearray is copied first). Raises DecodeError for
     malformed bytes (whatever upb would reject), TritonError INVALID_ARG for an invalid request (data missing, sizes that do not match shapes, contents of the wrong type),
-    TritonError UNSUPPORTED for shared-memory inputs.
+    TritonError UNSUPPORTED for shared-memory inputs without ``shm`` (with it they are views of
+    their region, and its errors are raised: NOT_FOUND, INVALID_ARG).
     """
     buf = data if isinstance(data, (bytes, bytearray)) else bytes(data)
     view = memoryview(buf)
@@ -411,7 +413,7 @@ def decode_model_infer_request(data: Buffer) -> InferenceRequest:
             pos = stop
         if pos != end:
             raise DecodeError("truncated ModelInferRequest")
-        tensors = _tensors(buf, view, model_name, inputs, raw)
+        tensors = _tensors(buf, view, model_name, inputs, raw, shm)
     except (IndexError, struct.error) as e:
         raise DecodeError(f"truncated ModelInferRequest: {e}") from None
     except UnicodeDecodeError as e:
@@ -429,13 +431,16 @@ def decode_model_infer_request(data: Buffer) -> InferenceRequest:
 _DTYPES = {name: datatypes.numpy_dtype(name) for name in datatypes.DATATYPES}
 
 
-def _tensors(buf: _Bytes, view: memoryview, model: str, inputs: list[_Input], raw: list[memoryview]) -> list[Tensor]:
-    if raw and len(raw) != len(inputs):
+def _tensors(buf: _Bytes, view: memoryview, model: str, inputs: list[_Input], raw: list[memoryview],
+             shm: ShmLookup | None = None) -> list[Tensor]:
+    in_shm = sum("shared_memory_region" in t.parameters for t in inputs)  # they have no raw contents
+    if raw and len(raw) != len(inputs) - in_shm:
         raise invalid_arg(
-            f"expected {len(inputs)} inputs but got {len(raw)} raw input contents for model '{model}'"
+            f"expected {len(inputs) - in_shm} inputs but got {len(raw)} raw input contents for model '{model}'"
         )
     out: list[Tensor] = []
-    for index, t in enumerate(inputs):
+    index = -1
+    for t in inputs:
         dtype = _DTYPES.get(t.datatype)
         if dtype is None:
             raise invalid_arg(f"invalid datatype '{t.datatype}' for input '{t.name}' for model '{model}'")
@@ -448,9 +453,19 @@ def _tensors(buf: _Bytes, view: memoryview, model: str, inputs: list[_Input], ra
             raise invalid_arg(f"invalid shape {t.shape} for input '{t.name}' for model '{model}'")
         count = datatypes.element_count(t.shape)
         if "shared_memory_region" in t.parameters:
-            raise unsupported(
-                f"input '{t.name}' for model '{model}' uses shared memory, which trident does not support yet"
-            )
+            if shm is None:
+                raise unsupported(
+                    f"input '{t.name}' for model '{model}' uses shared memory, which is not enabled on this server"
+                )
+            if t.contents is not None:
+                raise invalid_arg(f"contents field must not be specified with shared memory for input '{t.name}' "
+                                  f"for model '{model}'")
+            region, offset, size = shm_parameters(t.parameters, f"input '{t.name}'")
+            array = shm_array(t.name, t.datatype, tuple(t.shape), count, shm(region, offset, size), model)
+            params = {k: v for k, v in t.parameters.items() if not k.startswith("shared_memory_")}
+            out.append(Tensor(t.name, t.datatype, tuple(t.shape), array.reshape(t.shape), params))
+            continue
+        index += 1
         if raw:
             if t.contents is not None:
                 raise invalid_arg(
@@ -666,13 +681,17 @@ def _raw(data: np.ndarray, datatype: str) -> tuple[Parts, int]:
 
 
 def encode_model_infer_response(
-    response: InferenceResponse, parameters: dict[str, ParamValue] | None = None
+    response: InferenceResponse, parameters: dict[str, ParamValue] | None = None,
+    shm_outputs: dict[str, dict[str, ParamValue]] | None = None, shm: ShmLookup | None = None,
 ) -> tuple[Parts, int]:
     """``inference.ModelInferResponse`` for ``response`` as (parts, total size).
 
     ``parameters`` replaces ``response.parameters`` on the wire when given. Outputs travel in
-    ``raw_output_contents`` as Triton sends them. The parts view the output arrays: keep the
-    response alive until they are joined.
+    ``raw_output_contents`` as Triton sends them, except those named in ``shm_outputs`` (their
+    requested parameters), which are written into their shared-memory region through ``shm``
+    and sent with empty contents, as Triton does. The parts view the output arrays: keep the
+    response alive until they are joined. Raises what writing a shared-memory output raises
+    (trident.protocol.kserve.write_shm_output).
     """
     head = []
     if response.model_name:
@@ -693,7 +712,11 @@ def encode_model_infer_response(
         if tensor.parameters:
             body += _parameters(b"\x22", tensor.parameters)
         head.append(b"\x2a" + _uvarint(len(body)) + body)
-        raws.append(_raw(tensor.data, tensor.datatype))
+        if shm_outputs is not None and tensor.name in shm_outputs:
+            write_shm_output(tensor, shm_outputs[tensor.name], shm)
+            raws.append(([], 0))
+        else:
+            raws.append(_raw(tensor.data, tensor.datatype))
     first = b"".join(head)
     parts: Parts = [first]
     size = len(first)

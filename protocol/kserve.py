@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from trident.errors import Code, TritonError, invalid_arg, unsupported
+from trident.errors import Code, TritonError, internal, invalid_arg, unsupported
 from trident.protocol import datatypes, json_slices
 from trident.protocol.compression import Inflater, choose_encoding, compress, decode_base64, decompress
 from trident.types import InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
@@ -76,6 +76,9 @@ __all__ = [
 _EMPTY: dict[str, Any] = {}
 _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 _SHM_UNSUPPORTED = "shared memory extension is not supported yet"
+#: ``shm(region, offset, byte_size) -> memoryview``: the bytes of a shared-memory tensor, from
+#: the server's registry (trident.shared_memory); None: shared memory is not available
+ShmLookup = Callable[[str, int, int], memoryview]
 # request parameters with a meaning of their own, and the JSON types they must have
 _RESERVED_BOOL = ("sequence_start", "sequence_end", "binary_data_output")
 _RESERVED_UINT = ("priority", "timeout")
@@ -119,12 +122,14 @@ def decode_infer_request(
     header_length: int | None,
     model_name: str,
     model_version: str,
+    shm: ShmLookup | None = None,
 ) -> InferenceRequest:
     """Decode a KServe v2 infer request body (JSON header, then binary blobs).
 
     ``header_length`` is the ``Inference-Header-Content-Length`` header (None when absent:
     the whole body is JSON). A value of 0 announces a raw binary body, which needs the model's
-    input metadata: use :func:`decode_raw_request` for that.
+    input metadata: use :func:`decode_raw_request` for that. ``shm`` reads inputs that name a
+    shared-memory region (as numpy views of it, no copy); without it they are UNSUPPORTED.
 
     Raises TritonError INVALID_ARG for malformed JSON, a bad header length, bad tensors
     (unknown datatype, bad shape, element count or blob size mismatches, undecodable BYTES,
@@ -165,7 +170,7 @@ def decode_infer_request(
     inputs: list[Tensor] = []
     seen: set[str] = set()
     for item in inputs_json:
-        tensor, offset = _decode_input(item, view, offset, header_length < total, model_name)
+        tensor, offset = _decode_input(item, view, offset, header_length < total, model_name, shm)
         if tensor.name in seen:
             raise invalid_arg(f"input '{tensor.name}' appears more than once in the request")
         seen.add(tensor.name)
@@ -305,8 +310,24 @@ def _tensor_parameters(params: dict[str, Any], where: str, skip: str) -> dict[st
     return out
 
 
+def shm_parameters(params: Any, where: str) -> tuple[str, int, int]:
+    """``(region, offset, byte_size)`` of a tensor's shared-memory parameters (a dict holding
+    ``shared_memory_region``). Raises INVALID_ARG for a missing byte size or a bad type."""
+    region = params.get("shared_memory_region")
+    size = params.get("shared_memory_byte_size")
+    offset = params.get("shared_memory_offset", 0)
+    if not isinstance(region, str) or not region:
+        raise invalid_arg(f"Unable to parse 'shared_memory_region' of {where}: expected a string")
+    if size is None:
+        raise invalid_arg(f"'shared_memory_byte_size' must be set with 'shared_memory_region' for {where}")
+    for key, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise invalid_arg(f"Unable to parse '{key}' of {where}: expected a non-negative integer")
+    return region, int(offset), int(size)
+
+
 def _decode_input(
-    item: Any, view: memoryview, offset: int, has_blobs: bool, model_name: str
+    item: Any, view: memoryview, offset: int, has_blobs: bool, model_name: str, shm: ShmLookup | None = None
 ) -> tuple[Tensor, int]:
     if not isinstance(item, dict):
         raise invalid_arg("Unable to parse 'inputs': each input must be a JSON object")
@@ -351,12 +372,19 @@ def _decode_input(
             + (f"set {found}" if found else "no field is set")
             + f" for input '{name}'"
         )
-    if has_shm:
+    if has_shm and shm is None:
         raise unsupported(f"input '{name}': {_SHM_UNSUPPORTED}")
     if not datatypes.is_datatype(datatype):
         raise invalid_arg(f"invalid datatype '{datatype}' for input '{name}'")
-    tensor_params = _tensor_parameters(params, f"input '{name}'", "binary_data_size") if params else {}
     count = datatypes.element_count(shape)
+    if has_shm:
+        assert shm is not None
+        region, shm_offset, shm_size = shm_parameters(params, f"input '{name}'")
+        blob = shm(region, shm_offset, shm_size)
+        array = shm_array(name, datatype, shape, count, blob, model_name)
+        kept = {k: v for k, v in params.items() if k not in _SHM_KEYS}
+        return Tensor(name, datatype, shape, array, _tensor_parameters(kept, f"input '{name}'", "")), offset
+    tensor_params = _tensor_parameters(params, f"input '{name}'", "binary_data_size") if params else {}
 
     if has_binary:
         size = params["binary_data_size"]
@@ -378,6 +406,17 @@ def _decode_input(
 
     array = _json_to_array(name, datatype, shape, count, item["data"])
     return Tensor(name, datatype, shape, array, tensor_params), offset
+
+
+def shm_array(name: str, datatype: str, shape: tuple[int, ...], count: int, blob: memoryview,
+              model_name: str) -> np.ndarray:
+    """A shared-memory input as an array (a view of the region: no copy; BYTES are parsed).
+    Raises INVALID_ARG, in Triton's words, when its byte size does not fit the shape."""
+    itemsize = datatypes.element_size(datatype)
+    if datatype != "BYTES" and itemsize and blob.nbytes != count * itemsize:
+        raise invalid_arg(f"input byte size mismatch for input '{name}' for model '{model_name}'. Expected "
+                          f"{count * itemsize}, got {blob.nbytes}")
+    return _blob_to_array(name, datatype, shape, count, blob)
 
 
 def _blob_to_array(
@@ -592,8 +631,11 @@ def _requested_outputs(outputs_json: Any) -> list[RequestedOutput]:
         params = item.get("parameters", _EMPTY)
         if not isinstance(params, dict):
             raise invalid_arg(f"Unable to parse 'parameters' of output '{name}': expected a JSON object")
-        if any(k in params for k in _SHM_KEYS):
-            raise unsupported(f"output '{name}': {_SHM_UNSUPPORTED}")
+        if "shared_memory_region" in params:
+            shm_parameters(params, f"output '{name}'")  # checked here; resolved when written
+        elif any(k in params for k in _SHM_KEYS):
+            raise invalid_arg(f"'shared_memory_region' must be set with the shared-memory parameters of "
+                              f"output '{name}'")
         if "binary_data" in params and not isinstance(params["binary_data"], bool):
             raise invalid_arg(f"Unable to parse 'binary_data' of output '{name}': expected a boolean")
         cls = params.get("classification")
@@ -619,6 +661,7 @@ def encode_infer_response(
     response: InferenceResponse,
     requested: Sequence[RequestedOutput],
     binary_default: bool,
+    shm: ShmLookup | None = None,
 ) -> tuple[list[bytes | memoryview], int | None]:
     """Encode a response as KServe v2 JSON plus binary blobs.
 
@@ -630,18 +673,27 @@ def encode_infer_response(
     ``binary_data: true``, or when they say nothing and ``binary_default`` (the request's
     ``binary_data_output``) is true.
 
+    An output requested with ``shared_memory_region`` is written into that region through
+    ``shm`` (the same lookup as for inputs) and appears with its name, datatype and shape only.
+
     Raises the response's own ``error`` if it carries one, TritonError INVALID_ARG for an
     FP16 or BF16 output asked for as JSON (Triton's refusal), and INTERNAL when an output's
-    data does not match its shape.
+    data does not match its shape or does not fit its shared-memory region (as the lookup's
+    errors: NOT_FOUND, INVALID_ARG, UNSUPPORTED without ``shm``).
     """
     if response.error is not None:
         raise response.error
     per_output: dict[str, Any] | None = None
+    to_shm: dict[str, dict[str, ParamValue]] | None = None
     if requested:
         per_output = {o.name: o.parameters.get("binary_data") for o in requested}
+        to_shm = {o.name: o.parameters for o in requested if "shared_memory_region" in o.parameters} or None
     blobs: list[bytes | memoryview] = []
     outputs_json: list[dict[str, Any]] = []
     for tensor in response.outputs:
+        if to_shm is not None and tensor.name in to_shm:
+            outputs_json.append(_shm_output(tensor, to_shm[tensor.name], shm))
+            continue
         binary = binary_default
         if per_output is not None:
             flag = per_output.get(tensor.name)
@@ -701,6 +753,30 @@ def _splice_lists(header: bytes, lists: list[np.ndarray]) -> list[bytes]:
     batch.append(header[pos:])
     pieces.append(b"".join(batch))
     return pieces
+
+
+def write_shm_output(tensor: Tensor, params: dict[str, ParamValue], shm: ShmLookup | None) -> None:
+    """Write ``tensor``'s bytes (BYTES serialized) into the shared-memory region its requested
+    output names. Raises UNSUPPORTED without ``shm``, the lookup's errors, and INTERNAL (Triton's
+    words) when the region's byte size cannot hold the output; nothing is written then."""
+    region, offset, size = shm_parameters(params, f"output '{tensor.name}'")
+    if shm is None:
+        raise unsupported(f"output '{tensor.name}': {_SHM_UNSUPPORTED}")
+    view = shm(region, offset, size)
+    blob = _binary_data(tensor.datatype, tensor.data)
+    nbytes = blob.nbytes if isinstance(blob, memoryview) else len(blob)
+    if nbytes > view.nbytes:
+        raise internal(f"shared memory size specified with the request for output '{tensor.name}' "
+                       f"({view.nbytes} bytes) should be at least {nbytes} bytes to hold the results")
+    view[:nbytes] = blob
+
+
+def _shm_output(tensor: Tensor, params: dict[str, ParamValue], shm: ShmLookup | None) -> dict[str, Any]:
+    write_shm_output(tensor, params, shm)
+    out: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": [int(d) for d in tensor.shape]}
+    if tensor.parameters:
+        out["parameters"] = dict(tensor.parameters)
+    return out
 
 
 def _encode_output(tensor: Tensor, binary: bool, blobs: list[bytes | memoryview]) -> dict[str, Any]:

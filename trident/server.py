@@ -22,6 +22,7 @@ from trident.logs import VERBOSE, LogSettings
 from trident.options import ServerOptions
 from trident.protocol.generated.inference import ModelConfig
 from trident.repository import IndexEntry, ModelRepository, Served
+from trident.shared_memory import SharedMemory
 from trident.stats import ModelStatistics
 from trident.trace import TraceSettings
 from trident.tracing import Tracer, parse_trace_config
@@ -37,6 +38,7 @@ EXTENSIONS = [
     "model_repository(unload_dependents)",
     "model_configuration",
     "schedule_policy",
+    "system_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",
@@ -57,6 +59,8 @@ class Server:
         self.logging = log_settings or LogSettings.from_options(options)
         self.tracing = TraceSettings.from_options(options)
         self.tracer = Tracer(self.tracing, parse_trace_config(list(options.trace_config))[1])
+        #: client shared-memory regions (system; CUDA answers UNSUPPORTED), for both front ends
+        self.shared_memory = SharedMemory(options.allow_client_shm)
         self.stopping = False
         #: models still loading at start-up (the front ends listen meanwhile: live, not ready)
         self.loading = False
@@ -319,4 +323,5 @@ async def open_server(options: ServerOptions | None = None,
                 if unloading.cancelled_caught:  # a model stuck in execute must not keep the process up
                     abandon_running_calls(server)
             server.tracer.close()
+            server.shared_memory.close()
             repository_nursery.cancel_scope.cancel()

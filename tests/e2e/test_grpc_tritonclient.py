@@ -150,7 +150,7 @@ def test_log_and_trace_settings(client):
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
 
 
-def test_shared_memory_rpcs_are_unimplemented(client):
+def test_shared_memory_rpcs_are_off_by_default(client):
     calls = [
         client.get_system_shared_memory_status,
         lambda: client.register_system_shared_memory("r", "/key", 16),
@@ -162,8 +162,8 @@ def test_shared_memory_rpcs_are_unimplemented(client):
     for call in calls:
         with pytest.raises(InferenceServerException) as e:
             call()
-        assert e.value.status() == "StatusCode.UNIMPLEMENTED"
-        assert "shared-memory extension is not supported" in e.value.message()
+        assert e.value.status() == "StatusCode.UNIMPLEMENTED"  # until --allow-client-shm=true
+        assert "start it with --allow-client-shm=true" in e.value.message()
 
 
 # ---- inference ---------------------------------------------------------------------------------

@@ -100,8 +100,8 @@ def test_statistics_of_what_is_not_serving_is_invalid_argument(explicit) -> None
             ("nope", "", "requested model 'nope' is not available"),
             ("other", "", "requested model 'other' is not available"),  # in the repository, not loaded
             ("ident", "7", "requested model version is not available for model 'ident'")):
-        _both(explicit, lambda c: c.get_inference_statistics(name, version),
-              lambda c: c.get_inference_statistics(name, version), "400", message)
+        _both(explicit, lambda c, n=name, v=version: c.get_inference_statistics(n, v),
+              lambda c, n=name, v=version: c.get_inference_statistics(n, v), "400", message)
 
 
 def test_infer_on_a_model_never_loaded_or_version_absent_is_not_found(explicit) -> None:
@@ -179,8 +179,8 @@ def test_a_refused_override_load_leaves_no_phantom_entry(explicit) -> None:
 def test_sequence_model_refuses_a_batch_of_more_than_one(explicit) -> None:
     message = "inference request to model 'seq' must specify batch-size 1 due to requirements of sequence batcher"
     for kwargs in ({"sequence_id": 5, "sequence_start": True}, {}):
-        _both(explicit, lambda c: c.infer("seq", _inputs(httpclient, (2, 1)), **kwargs),
-              lambda c: c.infer("seq", _inputs(grpcclient, (2, 1)), **kwargs), "400", message)
+        _both(explicit, lambda c, kw=kwargs: c.infer("seq", _inputs(httpclient, (2, 1)), **kw),
+              lambda c, kw=kwargs: c.infer("seq", _inputs(grpcclient, (2, 1)), **kw), "400", message)
     with httpclient.InferenceServerClient(explicit.http_url) as c:  # a batch of one is served
         result = c.infer("seq", _inputs(httpclient, (1, 1)), sequence_id=6, sequence_start=True, sequence_end=True)
         assert result.as_numpy("OUTPUT0").tolist() == [[1.0]]

@@ -3,7 +3,8 @@
 ModelInfer and ModelStreamInfer go through the hand-written codec
 (:mod:`trident.protocol.grpc_codec`); the other RPCs use the betterproto2 messages generated
 from ``protocol/grpc_service.proto``. Errors are TritonErrors whose status comes from
-:func:`trident.errors.grpc_status`; the shared-memory RPCs answer UNIMPLEMENTED.
+:func:`trident.errors.grpc_status`; the shared-memory RPCs, and tensors in shared memory, go
+through the server's registry (:mod:`trident.shared_memory`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from trident.errors import (
     GRPC_UNAVAILABLE,
     TritonError,
     invalid_arg,
-    unsupported,
 )
 from trident.execution import FLAG_ONLY
 from trident.grpc.transport import Call, GrpcError, Method
@@ -38,12 +38,6 @@ SERVICE = "inference.GRPCInferenceService"
 HEALTH_SERVICE = "grpc.health.v1.Health"
 # requests of one ModelStreamInfer call in flight at once; beyond it the stream's window closes
 MAX_STREAM_INFLIGHT = 1024
-
-_SHM_MESSAGE = (
-    "the {} shared-memory extension is not supported by trident; send tensor data in the request "
-    "(raw_input_contents or contents)"
-)
-
 
 def _reply(message: betterproto2.Message) -> tuple[list[bytes], int]:
     data = bytes(message)
@@ -146,12 +140,12 @@ class InferenceService:
             "ModelStatistics": self.model_statistics, "RepositoryIndex": self.repository_index,
             "RepositoryModelLoad": self.repository_model_load,
             "RepositoryModelUnload": self.repository_model_unload,
-            "SystemSharedMemoryStatus": self.system_shared_memory,
-            "SystemSharedMemoryRegister": self.system_shared_memory,
-            "SystemSharedMemoryUnregister": self.system_shared_memory,
-            "CudaSharedMemoryStatus": self.cuda_shared_memory,
-            "CudaSharedMemoryRegister": self.cuda_shared_memory,
-            "CudaSharedMemoryUnregister": self.cuda_shared_memory,
+            "SystemSharedMemoryStatus": self.system_shm_status,
+            "SystemSharedMemoryRegister": self.system_shm_register,
+            "SystemSharedMemoryUnregister": self.system_shm_unregister,
+            "CudaSharedMemoryStatus": self.cuda_shm_status,
+            "CudaSharedMemoryRegister": self.cuda_shm_register,
+            "CudaSharedMemoryUnregister": self.cuda_shm_unregister,
             "TraceSetting": self.trace_setting, "LogSettings": self.log_settings,
         }
         table = {f"/{SERVICE}/{name}": Method(handler) for name, handler in unary.items()}
@@ -250,11 +244,40 @@ class InferenceService:
         await self.server.unload_model(request.model_name, dependents)
         return _reply(pb.RepositoryModelUnloadResponse())
 
-    async def system_shared_memory(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        raise unsupported(_SHM_MESSAGE.format("system"))
+    # ---- shared memory (trident.shared_memory) ---------------------------------------------
 
-    async def cuda_shared_memory(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
-        raise unsupported(_SHM_MESSAGE.format("CUDA"))
+    async def system_shm_status(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = await _parse(call, pb.SystemSharedMemoryStatusRequest, data)
+        regions = self.server.shared_memory.system_status(request.name)
+        return _reply(pb.SystemSharedMemoryStatusResponse(regions={
+            r["name"]: pb.SystemSharedMemoryStatusResponseRegionStatus(**r) for r in regions}))
+
+    async def system_shm_register(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = await _parse(call, pb.SystemSharedMemoryRegisterRequest, data)
+        self.server.shared_memory.register_system(request.name, request.key, request.offset, request.byte_size)
+        return _reply(pb.SystemSharedMemoryRegisterResponse())
+
+    async def system_shm_unregister(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = await _parse(call, pb.SystemSharedMemoryUnregisterRequest, data)
+        self.server.shared_memory.unregister_system(request.name)
+        return _reply(pb.SystemSharedMemoryUnregisterResponse())
+
+    async def cuda_shm_status(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = await _parse(call, pb.CudaSharedMemoryStatusRequest, data)
+        regions = self.server.shared_memory.cuda_status(request.name)
+        return _reply(pb.CudaSharedMemoryStatusResponse(regions={
+            r["name"]: pb.CudaSharedMemoryStatusResponseRegionStatus(**r) for r in regions}))
+
+    async def cuda_shm_register(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = await _parse(call, pb.CudaSharedMemoryRegisterRequest, data)
+        self.server.shared_memory.register_cuda(request.name, request.raw_handle, request.device_id,
+                                                request.byte_size)
+        return _reply(pb.CudaSharedMemoryRegisterResponse())
+
+    async def cuda_shm_unregister(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
+        request = await _parse(call, pb.CudaSharedMemoryUnregisterRequest, data)
+        self.server.shared_memory.unregister_cuda(request.name)
+        return _reply(pb.CudaSharedMemoryUnregisterResponse())
 
     # ---- settings -------------------------------------------------------------------------
 
@@ -280,11 +303,12 @@ class InferenceService:
     async def _request(self, call: Call, data: bytearray) -> InferenceRequest:
         """Decode a ModelInferRequest: inline when small, in a worker thread from ``offload_size``
         bytes (the call's task waits for it). Raises GrpcError(INVALID_ARGUMENT) for a bad message."""
+        shm = self.server.shared_memory.input_view
         try:
             if len(data) < call.conn.config.offload_size:
-                request = grpc_codec.decode_model_infer_request(data)
+                request = grpc_codec.decode_model_infer_request(data, shm)
             else:
-                request = await call.run_sync(grpc_codec.decode_model_infer_request, data)
+                request = await call.run_sync(grpc_codec.decode_model_infer_request, data, shm)
         except grpc_codec.DecodeError as e:
             raise GrpcError(GRPC_INVALID_ARGUMENT, f"failed to parse ModelInferRequest: {e}") from None
         if self.forward is not None:
@@ -296,9 +320,15 @@ class InferenceService:
     async def model_infer(self, call: Call, data: bytearray) -> tuple[list[Any], int]:
         """ModelInfer. Raises TritonError (decoupled models: UNSUPPORTED -> UNIMPLEMENTED)."""
         request = await self._request(call, data)
+        shm_outputs = _shm_outputs(request)
+        if shm_outputs is not None:
+            self.server.shared_memory.check_outputs(shm_outputs)  # before the model runs, as Triton
         response = await self.server.infer(request, endpoint="ModelInfer RPC")
         call.compress_responses = True
-        return grpc_codec.encode_model_infer_response(response)
+        if shm_outputs is None:
+            return grpc_codec.encode_model_infer_response(response)
+        return grpc_codec.encode_model_infer_response(response, shm_outputs=shm_outputs,
+                                                      shm=self.server.shared_memory.output_view)
 
     async def model_stream_infer(self, call: Call) -> None:
         """ModelStreamInfer: each request runs in its own task; responses are sent as they come.
@@ -325,6 +355,14 @@ class InferenceService:
     async def _stream_one(self, call: Call, request: InferenceRequest, slots: trio.Semaphore) -> None:
         empty_final = request.parameters.get("triton_enable_empty_final_response") is True
         stub = InferenceResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
+        shm_outputs = _shm_outputs(request)
+        if shm_outputs is not None:
+            try:
+                self.server.shared_memory.check_outputs(shm_outputs)
+            except TritonError as e:
+                slots.release()
+                await self._send_error(call, stub, e.message)
+                return
 
         async def send(response: InferenceResponse) -> None:
             if response.error is not None:
@@ -334,6 +372,16 @@ class InferenceService:
             if params.pop(FLAG_ONLY, False) is True and not empty_final:
                 return
             params["triton_final_response"] = response.final
+            if shm_outputs is not None:  # written into their regions, sent without contents
+                try:
+                    inner, inner_size = grpc_codec.encode_model_infer_response(
+                        response, params, shm_outputs, self.server.shared_memory.output_view)
+                except TritonError as e:
+                    await self._send_error(call, response, e.message)
+                    return
+                head = b"\x12" + grpc_codec.encode_varint(inner_size)
+                await call.send_message([head, *inner], len(head) + inner_size)
+                return
             parts, size = grpc_codec.encode_model_stream_infer_response(response, parameters=params)
             await call.send_message(parts, size)
 
@@ -350,6 +398,12 @@ class InferenceService:
             error_message=message,
         )
         await call.send_message(parts, size)
+
+
+def _shm_outputs(request: InferenceRequest) -> dict[str, dict[str, ParamValue]] | None:
+    """The requested outputs to write into shared memory (their parameters), or None."""
+    found = {o.name: o.parameters for o in request.outputs if "shared_memory_region" in o.parameters}
+    return found or None
 
 
 def build_methods(server: Any) -> dict[str, Method]:

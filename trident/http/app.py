@@ -14,15 +14,18 @@ Triton's HTTP API (reference §1) over the :class:`~trident.server.Server` facad
   client that disconnects during ``/infer`` cancels its request: here the inference runs in a
   nursery next to a task that waits for ``http.disconnect``.
 * generate / generate_stream are served by :mod:`trident.http.generate` (server-sent events).
-* Shared memory answers 501 until it is implemented.
+* Shared memory (``/v2/{system,cuda}sharedmemory/...``) goes to the server's registry
+  (:mod:`trident.shared_memory`), shared with gRPC.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import trio
 
@@ -48,7 +51,7 @@ _MODEL_RE = re.compile(
     r"/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?"
 )
 _REPOSITORY_RE = re.compile(r"/v2/repository(?:/([^/]+))?/(?:index|models/([^/]+)/(load|unload))")
-_SHM_RE = re.compile(r"/v2/(?:system|cuda)sharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
+_SHM_RE = re.compile(r"/v2/(system|cuda)sharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
 
 _JSON = JSON
 _EMPTY_OK_HEADERS = [(b"content-length", b"0")]
@@ -61,7 +64,6 @@ _HTTPError = HTTPError
 
 _NOT_FOUND = _HTTPError(404, "Not Found")
 _NOT_ALLOWED = _HTTPError(405, "Method Not Allowed")
-_SHM_MESSAGE = "shared memory extension is not supported yet"
 
 
 # ---- ASGI plumbing ------------------------------------------------------------------------------
@@ -284,6 +286,40 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
         else:
             raise _NOT_ALLOWED
 
+    async def shm_route(scope: Scope, receive: Receive, send: Send, kind: str, region: str, action: str) -> None:
+        """/v2/{system,cuda}sharedmemory[/region/R]/{status,register,unregister}
+        (trident.shared_memory, the registry the gRPC RPCs use too)."""
+        registry = server.shared_memory
+        if action == "status":
+            regions = registry.system_status(region) if kind == "system" else registry.cuda_status(region)
+            await _send_json(send, regions)
+            return
+        if action == "unregister":
+            await _read_body(scope, receive, limit)
+            if kind == "system":
+                registry.unregister_system(region)
+            else:
+                registry.unregister_cuda(region)
+            await _send_empty(send, 200)
+            return
+        doc = await _read_json_object(scope, receive, limit, required=True)
+        if kind == "system":
+            key = doc.get("key")
+            if not isinstance(key, str):
+                raise invalid_arg("Shared memory register request needs a string 'key'")
+            registry.register_system(region, key, _int_field(doc, "offset", 0), _int_field(doc, "byte_size"))
+        else:
+            handle = doc.get("raw_handle")
+            b64 = handle.get("b64") if isinstance(handle, dict) else None
+            try:
+                raw = base64.b64decode(b64, validate=True) if isinstance(b64, str) else None
+            except ValueError:
+                raw = None
+            if raw is None:
+                raise invalid_arg("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+            registry.register_cuda(region, raw, _int_field(doc, "device_id", 0), _int_field(doc, "byte_size"))
+        await _send_empty(send, 200)
+
     async def repository_route(
         scope: Scope,
         receive: Receive,
@@ -359,9 +395,9 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
                 raise _NOT_FOUND
             await repository_route(scope, receive, send, method, *match.groups())
         elif (match := _SHM_RE.fullmatch(path)) is not None:
-            if method != ("GET" if match.group(2) == "status" else "POST"):
+            if method != ("GET" if match.group(3) == "status" else "POST"):
                 raise _NOT_ALLOWED
-            raise unsupported(_SHM_MESSAGE)
+            await shm_route(scope, receive, send, match.group(1), unquote(match.group(2) or ""), match.group(3))
         else:
             raise _NOT_FOUND
 
@@ -386,6 +422,15 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
 _MODEL_CATEGORIES = {"infer": "inference", "generate": "inference", "generate_stream": "inference",
                      "": "metadata", "ready": "health", "config": "model-config", "stats": "statistics",
                      "trace/setting": "trace"}
+
+
+def _int_field(doc: dict[str, Any], name: str, default: int | None = None) -> int:
+    """An integer field of a shared-memory register body. Raises INVALID_ARG when it is missing
+    (without a default) or not an integer."""
+    value = doc.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid_arg(f"Shared memory register request needs an integer '{name}'")
+    return value
 
 
 def _category_of(path: str) -> str | None:

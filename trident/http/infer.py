@@ -11,6 +11,7 @@ while it watches for a client disconnect.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -75,12 +76,16 @@ class InferEndpoint:
     Raises ValueError (construction) for a malformed ``--http-restricted-api``.
     """
 
-    __slots__ = ("server", "limit", "restrictions")
+    __slots__ = ("server", "limit", "restrictions", "forward", "shm")
 
     def __init__(self, server: Server) -> None:
         self.server = server
         self.limit = int(server.options.http_max_input_size)
         self.restrictions = http_restrictions(server.options)
+        pattern = getattr(server.options, "http_header_forward_pattern", "")
+        #: --http-header-forward-pattern: headers whose name matches become request parameters
+        self.forward = re.compile(pattern) if pattern else None
+        self.shm = server.shared_memory
 
     def check_restricted(self, headers: Headers, category: str) -> None:
         """Raises HTTPError(403) when ``category`` needs a header the request lacks."""
@@ -133,27 +138,39 @@ class InferEndpoint:
             elif key == b"accept-encoding":
                 accept_encoding = value.decode("latin-1")
         body = await read_body()
+        self.server.repository.get(name, version)  # an unknown model is 404 before the body is parsed
         if content_encoding is not None:
             body = await offload.decompress(body, content_encoding, self.limit)
         heavy = False
+        shm = self.shm.input_view
         if header_length == 0:
             request = _decode_raw(self.server, body, name, version)
             binary_default = True
         else:
             if len(body) < offload.OFFLOAD_THRESHOLD or not kserve.is_heavy(
                     body, header_length, offload.OFFLOAD_THRESHOLD):
-                request = kserve.decode_infer_request(body, header_length, name, version)
+                request = kserve.decode_infer_request(body, header_length, name, version, shm)
             else:  # a large JSON (or BYTES) decode: in a worker thread, not on the loop
                 heavy = True
-                request = await offload.run_sync(kserve.decode_infer_request, body, header_length, name, version)
+                request = await offload.run_sync(kserve.decode_infer_request, body, header_length, name, version,
+                                                 shm)
             params = request.parameters
             binary_default = bool(params.pop("binary_data_output", False)) if params else False
         del body
+        if self.forward is not None:
+            for key, value in headers:
+                text = key.decode("latin-1")
+                if self.forward.fullmatch(text):
+                    request.parameters[text] = value.decode("latin-1")
+        shm_outputs = {o.name: o.parameters for o in request.outputs if "shared_memory_region" in o.parameters}
+        if shm_outputs:
+            self.shm.check_outputs(shm_outputs)  # before the model runs, as Triton does
+        output_view = self.shm.output_view if shm_outputs else None
         if not heavy:
             response = await run(request, False)
             if response is None:
                 raise Disconnected
-            return await _reply(response, request.outputs, binary_default, accept_encoding)
+            return await _reply(response, request.outputs, binary_default, accept_encoding, output_view)
         # a request decoded off the loop holds millions of objects (JSON lists): they are freed
         # off the loop too, once nothing else (a traceback's frames) refers to them
         error: Exception | None = None
@@ -162,7 +179,7 @@ class InferEndpoint:
             response = await run(request, True)
             if response is None:
                 raise Disconnected
-            reply = await _reply(response, request.outputs, binary_default, accept_encoding)
+            reply = await _reply(response, request.outputs, binary_default, accept_encoding, output_view)
         except Exception as exc:
             error = exc.with_traceback(None)
         holder = [request]
@@ -175,12 +192,13 @@ class InferEndpoint:
 
 
 async def _reply(response: InferenceResponse, requested: list[Any], binary_default: bool,
-                 accept_encoding: str | None) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+                 accept_encoding: str | None, shm: kserve.ShmLookup | None = None,
+                 ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
     if kserve.response_is_large(response):  # a large encode (and compression): in a worker thread
         parts, json_length, encoding = await offload.run_sync(
-            encode_response, response, requested, binary_default, accept_encoding)
+            encode_response, response, requested, binary_default, accept_encoding, shm)
     else:
-        parts, json_length, encoding = encode_response(response, requested, binary_default, accept_encoding)
+        parts, json_length, encoding = encode_response(response, requested, binary_default, accept_encoding, shm)
     if json_length is None:
         headers = [JSON]
     else:
@@ -191,9 +209,11 @@ async def _reply(response: InferenceResponse, requested: list[Any], binary_defau
 
 
 def encode_response(response: InferenceResponse, requested: list[Any], binary_default: bool,
-                    accept_encoding: str | None) -> tuple[list[Any], int | None, str | None]:
-    """The response body parts, its JSON header length and its Content-Encoding (None: identity)."""
-    parts, json_length = kserve.encode_infer_response(response, requested, binary_default)
+                    accept_encoding: str | None, shm: kserve.ShmLookup | None = None,
+                    ) -> tuple[list[Any], int | None, str | None]:
+    """The response body parts, its JSON header length and its Content-Encoding (None: identity);
+    outputs requested in shared memory are written there through ``shm``."""
+    parts, json_length = kserve.encode_infer_response(response, requested, binary_default, shm)
     if accept_encoding is None:
         return parts, json_length, None
     data, encoding = kserve.compress(b"".join(parts), accept_encoding)

@@ -373,15 +373,56 @@ def test_duplicate_inputs_rejected_duplicate_outputs_merged() -> None:
     assert [o.name for o in decode(json.dumps(doc).encode(), None).outputs] == ["o"]
 
 
-def test_shared_memory_is_unsupported() -> None:
+def test_shared_memory_without_a_registry_is_unsupported_and_parameters_are_checked() -> None:
     assert_invalid(
-        _with(data=None, parameters={"shared_memory_region": "r"}),
+        _with(data=None, parameters={"shared_memory_region": "r", "shared_memory_byte_size": 4}),
         None,
         "shared memory",
         code=Code.UNSUPPORTED,
     )
-    doc = {"inputs": [GOOD_INPUT], "outputs": [{"name": "o", "parameters": {"shared_memory_region": "r"}}]}
-    assert_invalid(json.dumps(doc).encode(), None, "output 'o'", "shared memory", code=Code.UNSUPPORTED)
+    for params, fragment in (({"shared_memory_region": "r"}, "'shared_memory_byte_size' must be set"),
+                             ({"shared_memory_region": 3, "shared_memory_byte_size": 4}, "shared_memory_region"),
+                             ({"shared_memory_region": "r", "shared_memory_byte_size": -1}, "non-negative"),
+                             ({"shared_memory_byte_size": 4}, "'shared_memory_region' must be set")):
+        doc = {"inputs": [GOOD_INPUT], "outputs": [{"name": "o", "parameters": params}]}
+        assert_invalid(json.dumps(doc).encode(), None, "output 'o'", fragment, code=Code.INVALID_ARG)
+
+
+def test_shared_memory_inputs_are_views_of_the_region_and_outputs_are_written_in_place() -> None:
+    region = bytearray(128)
+    region[16:32] = np.arange(4, dtype=np.float32).tobytes()
+    seen: list[tuple[str, int, int]] = []
+
+    def lookup(name: str, offset: int, size: int) -> memoryview:
+        seen.append((name, offset, size))
+        return memoryview(region)[offset:offset + size]
+
+    body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [4], "parameters": {
+        "shared_memory_region": "r", "shared_memory_offset": 16, "shared_memory_byte_size": 16}}]}).encode()
+    request = kserve.decode_infer_request(body, None, "m", "1", lookup)
+    x = request.inputs[0].data
+    assert x.tolist() == [0.0, 1.0, 2.0, 3.0] and seen == [("r", 16, 16)]
+    region[16:20] = np.float32(9).tobytes()
+    assert x[0] == 9.0  # a view of the region, not a copy
+    assert request.inputs[0].parameters == {}
+    wrong = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [4], "parameters": {
+        "shared_memory_region": "r", "shared_memory_byte_size": 12}}]}).encode()
+    with pytest.raises(TritonError) as info:
+        kserve.decode_infer_request(wrong, None, "m", "1", lookup)
+    assert info.value.message == "input byte size mismatch for input 'X' for model 'm'. Expected 16, got 12"
+    out = Tensor.from_numpy("Y", np.array([5.0, 6.0], np.float32))
+    response = InferenceResponse("m", "1", "", [out])
+    requested = [RequestedOutput("Y", {"shared_memory_region": "r", "shared_memory_offset": 64,
+                                       "shared_memory_byte_size": 8})]
+    parts, header_length = kserve.encode_infer_response(response, requested, False, lookup)
+    assert header_length is None
+    assert json.loads(b"".join(bytes(p) for p in parts)) == {
+        "model_name": "m", "model_version": "1", "outputs": [{"name": "Y", "datatype": "FP32", "shape": [2]}]}
+    assert np.frombuffer(region[64:72], np.float32).tolist() == [5.0, 6.0]
+    small = [RequestedOutput("Y", {"shared_memory_region": "r", "shared_memory_byte_size": 4})]
+    with pytest.raises(TritonError) as info:
+        kserve.encode_infer_response(response, small, False, lookup)
+    assert info.value.code is Code.INTERNAL and "should be at least 8 bytes" in info.value.message
 
 
 def test_header_length_errors() -> None:

@@ -464,14 +464,14 @@ async def test_trace_settings(client: ASGIDriver) -> None:
 
 
 async def test_unsupported_and_unknown_routes(client: ASGIDriver) -> None:
-    for method, path in (
+    for method, path in (  # client shared memory is off unless --allow-client-shm
         ("GET", "/v2/systemsharedmemory/status"),
         ("POST", "/v2/systemsharedmemory/region/r/register"),
         ("POST", "/v2/cudasharedmemory/unregister"),
     ):
-        reply = await client.request(method, path)
+        reply = await client.request(method, path, b'{"key": "/k", "byte_size": 4}')
         assert reply.status == 501, path
-        assert "not supported yet" in reply.json()["error"]
+        assert "start it with --allow-client-shm=true" in reply.json()["error"]
     assert (await client.request("POST", "/v2/systemsharedmemory/status")).status == 405
     assert (await client.request("GET", "/v2/models/add_sub/generate")).status == 405
     for path in ("/", "/v1/models", "/v2/models/a/b/c", "/v2/models/a/versions/x", "/v2/health"):

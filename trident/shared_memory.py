@@ -1,0 +1,217 @@
+"""Client shared memory: Triton's system and CUDA shared-memory extensions, for both front ends.
+
+A client on the same host registers a region (a POSIX shared-memory object it created, e.g.
+with ``tritonclient.utils.shared_memory``) under a name; inference inputs then name a region,
+an offset and a byte size instead of carrying data, and outputs may ask to be written into a
+region. :class:`SharedMemory` is the one registry both front ends call:
+
+* ``register_system`` opens ``/dev/shm/<key>`` (a POSIX name: one leading ``/``, no other
+  ``/``, so no path outside ``/dev/shm`` can be named), checks ``offset + byte_size`` against
+  the object's size and maps it; :meth:`SharedMemory.input_view` and
+  :meth:`SharedMemory.output_view` hand out bounds-checked memoryviews of a mapping, so inputs
+  become numpy views without a copy and outputs are written once, in place;
+* a mapping lives as long as something uses it: unregistering removes the name at once, and
+  the pages are unmapped when the last request holding a view of them is done (a running
+  request never loses its memory);
+* CUDA regions (``register_cuda``) are not supported yet: the call answers UNSUPPORTED naming
+  what is missing (torch, a CUDA device, or trident's CUDA IPC support);
+* every error has Triton's code and words (checked against tritonserver 2.51).
+
+Client shared memory is off unless ``--allow-client-shm`` (as in Triton since 2.60: a client
+that can name ``/dev/shm`` objects can make the server read and write them); the restricted-API
+``shared-memory`` group can additionally require a header.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from trident.errors import Code, TritonError, internal, invalid_arg, not_found, unsupported
+
+SHM_ROOT = "/dev/shm"
+MAX_REGIONS = 4096  # registered regions per kind (a client controls the count)
+CUDA_IPC_HANDLE_SIZE = 64  # bytes of a cudaIpcMemHandle_t
+DISABLED = ("client shared memory is disabled on this server; start it with --allow-client-shm=true "
+            "to use the shared-memory extensions")
+
+
+@dataclass(frozen=True)
+class SystemRegion:
+    """A registered system shared-memory region and its mapping (``offset`` .. ``offset+byte_size``
+    of the object ``key``)."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    mapping: mmap.mmap
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+
+def check_key(key: str) -> str:
+    """The ``/dev/shm`` path of a POSIX shared-memory name; raises INTERNAL (Triton's answer to a
+    key it cannot open) for a name that is not one."""
+    name = key[1:] if key.startswith("/") else key
+    if not name or "/" in name or name in (".", "..") or "\0" in name or len(name) > 255:
+        raise internal(f"Unable to open shared memory region: '{key}'")
+    return os.path.join(SHM_ROOT, name)
+
+
+class SharedMemory:
+    """The shared-memory regions of one server. Calls are cheap and safe from any thread (the
+    registry is guarded by a lock: model threads may read views while the loop registers)."""
+
+    def __init__(self, allowed: bool) -> None:
+        self.allowed = allowed
+        self._system: dict[str, SystemRegion] = {}
+        self._lock = threading.Lock()
+
+    def _check_allowed(self) -> None:
+        if not self.allowed:
+            raise unsupported(DISABLED)
+
+    # ---- system regions --------------------------------------------------------------------
+
+    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Map ``byte_size`` bytes from ``offset`` of the shared-memory object ``key`` as ``name``.
+
+        Raises TritonError: UNSUPPORTED when client shared memory is off; ALREADY_EXISTS for a
+        name in use; INTERNAL for a key that cannot be opened; INVALID_ARG for an empty name, a
+        negative value, or a range beyond the object; INVALID_ARG past ``MAX_REGIONS``.
+        """
+        self._check_allowed()
+        if not name:
+            raise invalid_arg("failed to register shared memory region: the region needs a name")
+        with self._lock:
+            if name in self._system:
+                raise TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
+            if len(self._system) >= MAX_REGIONS:
+                raise invalid_arg(f"failed to register shared memory region '{name}': at most {MAX_REGIONS} "
+                                  "system shared memory regions can be registered")
+        if offset < 0 or byte_size <= 0:
+            raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
+        path = check_key(key)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            raise internal(f"Unable to open shared memory region: '{key}'") from None
+        try:
+            size = os.fstat(fd).st_size
+            if offset + byte_size > size:
+                raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
+            try:
+                mapping = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            except (OSError, ValueError):
+                raise internal(f"Unable to map shared memory region: '{key}'") from None
+        finally:
+            os.close(fd)
+        with self._lock:
+            if name in self._system:  # registered meanwhile by another call
+                mapping.close()
+                raise TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
+            self._system[name] = SystemRegion(name, key, offset, byte_size, mapping)
+
+    def unregister_system(self, name: str = "") -> None:
+        """Forget ``name`` (every region when empty; an unknown name is not an error, as in
+        Triton). The pages stay mapped while a request still holds a view of them."""
+        self._check_allowed()
+        with self._lock:
+            regions = list(self._system.values()) if not name else [r for r in (self._system.get(name),) if r]
+            for region in regions:
+                del self._system[region.name]
+        for region in regions:
+            _close_when_unused(region.mapping)
+
+    def system_status(self, name: str = "") -> list[dict[str, Any]]:
+        """Every region's (or one region's) name, key, offset and byte size. Raises NOT_FOUND
+        for an unknown ``name``."""
+        self._check_allowed()
+        with self._lock:
+            if not name:
+                return [r.status() for r in sorted(self._system.values(), key=lambda r: r.name)]
+            region = self._system.get(name)
+        if region is None:
+            raise not_found(f"Unable to find system shared memory region: '{name}'")
+        return [region.status()]
+
+    # ---- CUDA regions ----------------------------------------------------------------------
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """Register a cudaIpcMemHandle as ``name``: not available yet. Raises INVALID_ARG for a
+        malformed handle or values (Triton's words), else UNSUPPORTED naming what is missing
+        (torch, a CUDA device, or trident's CUDA IPC support)."""
+        self._check_allowed()
+        if not name or len(raw_handle) != CUDA_IPC_HANDLE_SIZE or device_id < 0 or byte_size <= 0:
+            raise invalid_arg("failed to register shared memory region: invalid args")
+        try:
+            import torch
+        except ImportError:
+            raise unsupported("CUDA shared memory needs torch with CUDA: torch is not installed") from None
+        if not torch.cuda.is_available():
+            raise unsupported("CUDA shared memory needs a CUDA device: torch reports none on this host")
+        raise unsupported("CUDA shared memory regions are not supported by trident yet; use system shared "
+                          "memory or send the tensors in the request")
+
+    def unregister_cuda(self, name: str = "") -> None:
+        """Forget a CUDA region: none can be registered yet, so this only checks it is allowed."""
+        self._check_allowed()
+
+    def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
+        """The CUDA regions (none yet); NOT_FOUND for a ``name``."""
+        self._check_allowed()
+        if name:
+            raise not_found(f"Unable to find cuda shared memory region: '{name}'")
+        return []
+
+    # ---- tensors ---------------------------------------------------------------------------
+
+    def _view(self, region_name: str, offset: int, byte_size: int) -> memoryview:
+        with self._lock:
+            region = self._system.get(region_name)
+        if region is None:
+            raise not_found(f"Unable to find shared memory region: '{region_name}'")
+        if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
+            raise invalid_arg(f"Invalid offset + byte size for shared memory region: '{region_name}'")
+        start = region.offset + offset
+        return memoryview(region.mapping)[start:start + byte_size]
+
+    def input_view(self, region: str, offset: int, byte_size: int) -> memoryview:
+        """A read view of ``byte_size`` bytes at ``offset`` of ``region`` (no copy; it keeps the
+        mapping alive). Raises UNSUPPORTED when off, NOT_FOUND for an unknown region,
+        INVALID_ARG for a range beyond it."""
+        self._check_allowed()
+        return self._view(region, offset, byte_size).toreadonly()
+
+    def output_view(self, region: str, offset: int, byte_size: int) -> memoryview:
+        """A writable view for an output (same checks as :meth:`input_view`)."""
+        self._check_allowed()
+        return self._view(region, offset, byte_size)
+
+    def check_outputs(self, outputs: dict[str, dict[str, Any]]) -> None:
+        """Check the regions of outputs to be written (their requested parameters) before the
+        model runs. Raises what :meth:`output_view` raises, and INVALID_ARG for bad parameters."""
+        from trident.protocol.kserve import shm_parameters
+
+        for name, params in outputs.items():
+            self.output_view(*shm_parameters(params, f"output '{name}'"))
+
+    def close(self) -> None:
+        """Forget every region (at shutdown); mappings still in use are unmapped when freed."""
+        with self._lock:
+            regions = list(self._system.values())
+            self._system.clear()
+        for region in regions:
+            _close_when_unused(region.mapping)
+
+
+def _close_when_unused(mapping: mmap.mmap) -> None:
+    try:
+        mapping.close()
+    except BufferError:  # a request still holds a view: unmapped when the last view is freed
+        pass
