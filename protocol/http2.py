@@ -86,7 +86,7 @@ _U32 = struct.Struct(">L")
 _GOAWAY = struct.Struct(">LL")
 
 
-_RESET_MEMORY = 4096  # streams reset (by either side) whose late frames are dropped quietly
+_RESET_MEMORY = 1024  # streams reset (by either side) whose late frames are dropped quietly
 
 
 class ProtocolError(Exception):

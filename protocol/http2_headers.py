@@ -24,10 +24,12 @@ _REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
 _BAD_NAME = re.compile(rb"[\x00-\x20A-Z\x7f-\xff]")
 _BAD_VALUE = re.compile(rb"[\x00\r\n]")
 
-_DECODE_CACHE_ENTRIES = 64
-_DECODE_CACHE_BLOCK = 8192  # blocks larger than this are not cached
-_DECODE_CACHE_LIST = 64 * 1024  # nor are header lists larger than this (RFC 9113 §6.5.2 size)
-_ENCODE_CACHE_ENTRIES = 32
+# per connection: a few distinct blocks (a client repeats one per method and metadata set),
+# so at most ~16 x (2 KiB + its decoded fields) held
+_DECODE_CACHE_ENTRIES = 16
+_DECODE_CACHE_BLOCK = 2048  # blocks larger than this are not cached
+_DECODE_CACHE_LIST = 16 * 1024  # nor are header lists larger than this (RFC 9113 §6.5.2 size)
+_ENCODE_CACHE_ENTRIES = 16  # the server's own constant blocks
 _MAX_ENCODER_TABLE = 1 << 16  # the encoder's table never exceeds this, whatever the peer allows
 
 Headers = tuple[tuple[bytes, bytes], ...]
