@@ -212,3 +212,54 @@ def test_header_length_that_cuts_the_json_names_the_header(explicit) -> None:
                                      "parameters": {"binary_data_size": 8}}]}).encode()
     r = httpx.post(url, content=header + blob, headers={"Inference-Header-Content-Length": str(len(header) + 4)})
     assert r.status_code == 400 and f"Inference-Header-Content-Length is {len(header) + 4}" in r.json()["error"]
+
+
+def test_infer_on_an_unknown_model_is_404_before_the_body_is_parsed(explicit) -> None:
+    import httpx
+
+    for body in (b"{}", b"not json at all"):
+        r = httpx.post(f"http://{explicit.http_url}/v2/models/nope/infer", content=body)
+        assert r.status_code == 404 and r.json() == {"error": "Request for unknown model: 'nope' is not found"}
+
+
+def test_load_answers_with_an_empty_body_as_triton(explicit) -> None:
+    import httpx
+
+    r = httpx.post(f"http://{explicit.http_url}/v2/repository/models/ident/load")
+    assert r.status_code == 200 and r.content == b""
+
+
+def test_http_header_forward_pattern_copies_matching_headers_into_parameters(tmp_path: Path) -> None:
+    import httpx
+
+    echo = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            params = json.dumps(json.loads(r.parameters()), sort_keys=True).encode()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.array([params], dtype=object))]))
+        return out
+'''
+    write_model(tmp_path, "params", '''
+name: "params"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ 1 ] } ]
+''', echo)
+    server = start_server("--http-header-forward-pattern", "x-trace-.*", repo=tmp_path)
+    try:
+        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
+        r = httpx.post(f"http://{server.http_url}/v2/models/params/infer", json=body,
+                       headers={"X-Trace-Id": "abc", "X-Other": "no"})
+        assert r.status_code == 200, r.text
+        forwarded = json.loads(r.json()["outputs"][0]["data"][0])
+        assert forwarded == {"x-trace-id": "abc"}
+    finally:
+        server.stop()

@@ -347,7 +347,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
         if action == "load":
             config, files = _load_parameters(params)
             await server.load_model(model, config, files)
-            await _send_json(send, {})
+            await _send_bytes(send, 200, [_JSON], b"")  # Triton's empty answer
         else:
             dependents = params.get("unload_dependents", False)
             if not isinstance(dependents, bool):
