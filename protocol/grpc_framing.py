@@ -33,7 +33,7 @@ PREFIX_SIZE = PREFIX.size
 # because a message is buffered whole before it is decoded.
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024 * 1024
 
-SUPPORTED_ENCODINGS = ("identity", "gzip")
+SUPPORTED_ENCODINGS = ("identity", "deflate", "gzip")  # gRPC's deflate is zlib (RFC 1950), as Triton's
 ACCEPT_ENCODING = ",".join(SUPPORTED_ENCODINGS)
 
 
@@ -260,10 +260,22 @@ def decode_metadata(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[str, s
 # ---- compression -------------------------------------------------------------------------
 
 
-def gzip_compress(data: Buffer, level: int = 6) -> bytes:
-    """gzip (RFC 1952) of one message."""
-    compressor = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def gzip_compress(data: Buffer, level: int = 6, encoding: str = "gzip") -> bytes:
+    """gzip (RFC 1952) of one message, or with ``encoding="deflate"`` its zlib (RFC 1950) form."""
+    compressor = zlib.compressobj(level, zlib.DEFLATED, _WBITS[encoding])
     return compressor.compress(data) + compressor.flush()
+
+
+def response_encoding(accept: bytes) -> str | None:
+    """The encoding for compressed responses from a ``grpc-accept-encoding`` value: gzip when
+    the client takes it, else deflate, else None (responses stay uncompressed)."""
+    names = {part.strip() for part in accept.split(b",")}
+    if b"gzip" in names:
+        return "gzip"
+    return "deflate" if b"deflate" in names else None
 
 
 class GzipInflater:
@@ -275,11 +287,12 @@ class GzipInflater:
     ``max_size``, INTERNAL when the data is not valid gzip.
     """
 
-    __slots__ = ("max_size", "_inflater")
+    __slots__ = ("max_size", "encoding", "_inflater")
 
-    def __init__(self, data: Buffer, max_size: int) -> None:
+    def __init__(self, data: Buffer, max_size: int, encoding: str = "gzip") -> None:
         self.max_size = max_size
-        self._inflater = BoundedInflater(data, 16 + zlib.MAX_WBITS, max_size, strict=True)
+        self.encoding = encoding
+        self._inflater = BoundedInflater(data, _WBITS[encoding], max_size, strict=True)
 
     @property
     def output(self) -> bytearray:
@@ -293,12 +306,12 @@ class GzipInflater:
             check_size(self.max_size + 1, self.max_size, "decompressed")
             raise
         except zlib.error as e:
-            raise FramingError(GRPC_INTERNAL, f"could not decompress gzip message: {e}") from None
+            raise FramingError(GRPC_INTERNAL, f"could not decompress {self.encoding} message: {e}") from None
 
 
-def gzip_decompress(data: Buffer, max_size: int) -> bytes:
-    """Inflate one gzip message at once. Raises FramingError like :class:`GzipInflater`."""
-    inflater = GzipInflater(data, max_size)
+def gzip_decompress(data: Buffer, max_size: int, encoding: str = "gzip") -> bytes:
+    """Inflate one gzip (or deflate) message at once. Raises FramingError like :class:`GzipInflater`."""
+    inflater = GzipInflater(data, max_size, encoding)
     while not inflater.step(max_size + 1):
         pass
     return bytes(inflater.output)

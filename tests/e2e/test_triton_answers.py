@@ -263,3 +263,47 @@ output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ 1 ] } ]
         assert forwarded == {"x-trace-id": "abc"}
     finally:
         server.stop()
+
+
+def test_grpc_deflate_requests_and_responses(tmp_path: Path) -> None:
+    """grpc-encoding deflate (zlib, as gRPC defines it) is accepted on requests and used for
+    responses when the client accepts deflate and not gzip, as Triton does; gzip still wins."""
+    import struct
+    import zlib
+
+    import trio
+    import tritonclient.grpc.service_pb2 as pb
+
+    from tests.e2e.grpc_raw import frame, open_raw
+
+    write_model(tmp_path, "ident", IDENTITY.format(name="ident", out="TYPE_FP32"), IDENTITY_PY)
+    server = start_server("--grpc-infer-response-compression-level=high", repo=tmp_path)
+    try:
+        x = np.arange(64, dtype=np.float32)
+        with grpcclient.InferenceServerClient(server.grpc_url) as c:
+            inp = grpcclient.InferInput("INPUT0", [64], "FP32")
+            inp.set_data_from_numpy(x)
+            for algorithm in ("deflate", "gzip"):
+                got = c.infer("ident", [inp], compression_algorithm=algorithm).as_numpy("OUTPUT0")
+                assert got.tolist() == x.tolist()
+        request = pb.ModelInferRequest(model_name="ident", inputs=[pb.ModelInferRequest.InferInputTensor(
+            name="INPUT0", datatype="FP32", shape=[64])], raw_input_contents=[x.tobytes()]).SerializeToString()
+
+        async def raw(accept: bytes) -> tuple[bytes | None, bytes]:
+            async with open_raw(server.grpc_port) as client:
+                s = await client.open("/inference.GRPCInferenceService/ModelInfer", extra=[
+                    (b"grpc-encoding", b"deflate"), (b"grpc-accept-encoding", accept)])
+                await client.send(s, frame(zlib.compress(request), compressed=True), end_stream=True)
+                await s.closed.wait()
+                assert s.status == 0, s.message
+                return s.headers.get(b"grpc-encoding"), bytes(s.data)
+
+        encoding, data = trio.run(raw, b"identity,deflate")
+        assert encoding == b"deflate" and data[0] == 1
+        (length,) = struct.unpack(">I", data[1:5])
+        reply = pb.ModelInferResponse.FromString(zlib.decompress(data[5:5 + length]))
+        assert np.frombuffer(reply.raw_output_contents[0], np.float32).tolist() == x.tolist()
+        encoding, _ = trio.run(raw, b"identity,deflate,gzip")
+        assert encoding == b"gzip"
+    finally:
+        server.stop()

@@ -31,7 +31,7 @@ Limits (every size, count and time a client controls is bounded; see :class:`Tra
   SETTINGS), the idle timeout (GOAWAY NO_ERROR after no call for that long) and keepalive
   (PING after ``keepalive_time`` without inbound bytes, close when no ACK comes within
   ``keepalive_timeout``);
-* gzip messages inflate inline up to 1 MiB of output, the rest in worker threads (bounded
+* gzip and deflate messages inflate inline up to 1 MiB of output, the rest in worker threads (bounded
   by the server's limiter) in steps that the call's task awaits (:meth:`Call.run_sync`).
 
 Handlers are :class:`Method` entries keyed by ``/package.Service/Method``. A unary handler gets
@@ -153,14 +153,16 @@ class Call:
     """One RPC as its handler sees it. Created and driven by :class:`Connection`."""
 
     def __init__(self, conn: Connection, stream_id: int, path: str, headers: Sequence[tuple[bytes, bytes]],
-                 deadline: float, encoding: str | None, accepts_gzip: bool) -> None:
+                 deadline: float, encoding: str | None, response_encoding: str | None) -> None:
         self.conn = conn
         self.stream_id = stream_id
         self.path = path
         self.headers = headers
         self.deadline = deadline
         self.encoding = encoding
-        self.accepts_gzip = accepts_gzip
+        #: how responses a handler marks compressible are compressed (the client's
+        #: grpc-accept-encoding: gzip, else deflate), or None
+        self.response_encoding = response_encoding
         #: set by a handler whose responses may be gzip-compressed (when the client accepts it)
         self.compress_responses = False
         self.reset = False
@@ -288,7 +290,7 @@ class Call:
         whose output is charged to the buffer budgets while it grows. Raises FramingError
         (RESOURCE_EXHAUSTED over the message size or a budget, INTERNAL for bad gzip)."""
         conn = self.conn
-        inflater = framing.GzipInflater(message, conn.config.max_message_size)
+        inflater = framing.GzipInflater(message, conn.config.max_message_size, self.encoding or "gzip")
         if inflater.step(_INLINE_INFLATE):
             return inflater.output
         charged = 0
@@ -335,15 +337,15 @@ class Call:
     async def _send(self, parts: Parts, size: int, flush: bool) -> None:
         """Send one message; the caller makes sure no other send runs on this call."""
         framing.check_size(size, self.conn.config.max_message_size, "sent")
-        compressed = bool(self.compress_responses and self.accepts_gzip and self.conn.config.compression_level)
-        if compressed:
-            payload = framing.gzip_compress(b"".join(parts), self.conn.config.compression_level)
+        encoding = self.response_encoding if self.compress_responses and self.conn.config.compression_level else None
+        if encoding is not None:
+            payload = framing.gzip_compress(b"".join(parts), self.conn.config.compression_level, encoding)
             message = framing.frame([payload], len(payload), compressed=True)
         else:
             message = framing.frame(parts, size)
         if not self._headers_sent:
             self._headers_sent = True
-            self.conn._send_headers(self.stream_id, _response_headers(compressed))
+            self.conn._send_headers(self.stream_id, _response_headers(encoding))
         await self.conn._send_data(self, message, flush)
 
     def _trailers(self, status: int, message: str) -> tuple[tuple[bytes, bytes], ...]:
@@ -356,14 +358,17 @@ class Call:
         return trailers
 
 
-def _response_headers(compressed: bool) -> tuple[tuple[bytes, bytes], ...]:
-    return _RESPONSE_HEADERS_GZIP if compressed else _RESPONSE_HEADERS
+def _response_headers(encoding: str | None) -> tuple[tuple[bytes, bytes], ...]:
+    if encoding is None:
+        return _RESPONSE_HEADERS
+    return _RESPONSE_HEADERS_GZIP if encoding == "gzip" else _RESPONSE_HEADERS_DEFLATE
 
 
 # constant header blocks, as tuples: the HTTP/2 engine's encode cache keys on them
 _RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"),
                      (b"grpc-accept-encoding", framing.ACCEPT_ENCODING.encode()))
 _RESPONSE_HEADERS_GZIP = (*_RESPONSE_HEADERS, (b"grpc-encoding", b"gzip"))
+_RESPONSE_HEADERS_DEFLATE = (*_RESPONSE_HEADERS, (b"grpc-encoding", b"deflate"))
 _TRAILERS_OK = ((b"grpc-status", b"0"),)
 _TRAILERS_ONLY_OK = (*_RESPONSE_HEADERS, *_TRAILERS_OK)
 
@@ -700,9 +705,9 @@ class Connection:
         if len(parsed) == 3:  # refused: (status, message, http status)
             self._refuse(stream_id, ended, *parsed)
             return
-        path, entry, encoding, timeout, accepts_gzip = parsed
+        path, entry, encoding, timeout, response_encoding = parsed
         deadline = math.inf if timeout is None else trio.current_time() + timeout
-        call = Call(self, stream_id, path, headers, deadline, encoding, accepts_gzip)
+        call = Call(self, stream_id, path, headers, deadline, encoding, response_encoding)
         if ended:
             call._ended = True
         self.calls[stream_id] = call
@@ -711,7 +716,7 @@ class Connection:
 
     def _parse_headers(self, headers: Sequence[tuple[bytes, bytes]]) -> tuple[Any, ...]:
         """What a request header list asks for: ``(path, method entry, encoding, timeout
-        seconds or None, accepts gzip)``, or ``(status, message, http status)`` to refuse it.
+        seconds or None, response encoding or None)``, or ``(status, message, http status)`` to refuse it.
         Depends on the headers alone (so it is cached for a header tuple the engine repeats)."""
         size = 0
         for key, value in headers:
@@ -747,8 +752,7 @@ class Connection:
             return e.status, e.message, b"200"
         except (ValueError, UnicodeDecodeError) as e:
             return GRPC_INVALID_ARGUMENT, str(e), b"200"
-        accepts = fields.get(b"grpc-accept-encoding", b"")
-        return path, entry, encoding, timeout, b"gzip" in accepts
+        return path, entry, encoding, timeout, framing.response_encoding(fields.get(b"grpc-accept-encoding", b""))
 
     def _refuse(self, stream_id: int, ended: bool, status: int, message: str, http_status: bytes = b"200") -> None:
         """Answer a stream with a trailers-only response (no handler runs)."""
