@@ -26,7 +26,6 @@ from hyperframe.frame import (
 )
 
 from trident.protocol import http2
-from trident.protocol.http2_headers import table_neutral
 from trident.protocol.http2 import (
     COMPRESSION_ERROR,
     DATA,
@@ -48,6 +47,7 @@ from trident.protocol.http2 import (
     H2Server,
     ProtocolError,
 )
+from trident.protocol.http2_headers import table_neutral
 
 REQUEST_HEADERS = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/pkg.Svc/Method"),
                    (b":authority", b"localhost"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
