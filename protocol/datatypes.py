@@ -77,6 +77,9 @@ def element_size(datatype: str) -> int | None:
 def datatype_of(array: np.ndarray) -> str:
     """API datatype of a numpy array (byte strings and unicode arrays are BYTES)."""
     dt = array.dtype
+    api = _NP_TO_API.get(dt)  # the common case: one dict lookup (dtype.name builds a string)
+    if api is not None:
+        return api
     if dt.kind in ("S", "U", "O"):
         return "BYTES"
     if dt.name == "bfloat16":  # ml_dtypes.bfloat16 (what tritonclient uses)
