@@ -34,7 +34,12 @@ _PLATFORMS: dict[str, str] = {
     "pytorch_libtorch": "pytorch",
     "tensorrt_plan": "tensorrt",
     "openvino": "openvino",
+    "tensorflow_savedmodel": "tensorflow",
+    "tensorflow_graphdef": "tensorflow",
 }
+
+#: Triton backends a user may look for that trident does not have yet
+_NOT_YET = ("tensorflow", "vllm", "tensorrtllm", "dali")
 
 _cache: dict[str, Backend] = {}
 
@@ -76,6 +81,9 @@ def get_backend(name: str) -> Backend:
         except Exception as e:
             raise TritonError(unsupported("").code, f"backend '{name}' failed to load: {e}") from e
     if backend is None:
+        if name in _NOT_YET:
+            raise unsupported(f"backend '{name}' is not supported by trident yet (built in: "
+                              f"{', '.join(sorted(_BUILTIN))}; others through 'trident.backends' entry points)")
         raise unsupported(f"unknown backend '{name}'")
     _cache[name] = backend
     return backend

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from trident.errors import TritonError, invalid_arg
+from trident.errors import TritonError, invalid_arg, unsupported
 from trident.protocol.generated.inference import (
     BatchInputKind,
     DataType,
@@ -57,6 +57,10 @@ def validate_config(config: ModelConfig, model_name: str, model_dir: Path, *, gp
             f"unexpected directory name '{model_name}' for model '{name}', directory name must equal model name"
         )
     _validate_platform(config)
+    agents = config.model_repository_agents.agents if config.model_repository_agents is not None else []
+    if agents:
+        raise unsupported(f"model '{name}' names repository agents ({', '.join(a.name for a in agents)}), which "
+                          "trident does not support yet (model_repository_agents)")
     if config.max_batch_size < 0:
         raise invalid_arg(f"'max_batch_size' must be non-negative value for {name}")
     policy = config.version_policy

@@ -150,6 +150,9 @@ def _missing_repository(opts: ServerOptions) -> str | None:
     """Why a ``--model-repository`` cannot be served (None when all can): a missing or
     unreadable folder stops the server at start-up, as tritonserver does."""
     for path in opts.model_repositories:
+        if path.split("://", 1)[0] in ("s3", "gs", "as") and "://" in path:
+            return (f"model repository '{path}': cloud repositories (s3://, gs://, as://) are not supported "
+                    "yet; copy the repository to a local folder")
         folder = Path(path)
         if not folder.exists():
             return f"model repository '{path}' does not exist"

@@ -28,15 +28,34 @@ def _errors(proc: subprocess.CompletedProcess) -> list[str]:
             if line[:1] in ("E", "W") or "Traceback" in line or line.startswith("  File ")]
 
 
-@pytest.mark.parametrize("kind", ["missing", "file"])
+@pytest.mark.parametrize("kind", ["missing", "file", "s3"])
 def test_a_repository_that_cannot_be_served_exits_1_with_one_line(tmp_path: Path, kind: str) -> None:
     path = tmp_path / "nowhere"
     if kind == "file":
         path.write_text("not a folder")
-    proc = _run("--model-repository", str(path), "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0")
+    where = "s3://bucket/models" if kind == "s3" else str(path)
+    proc = _run("--model-repository", where, "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0")
     assert proc.returncode == 1
     lines = _errors(proc)
-    assert len(lines) == 1 and "error: creating server: model repository" in lines[0] and str(path) in lines[0]
+    assert len(lines) == 1 and "error: creating server: model repository" in lines[0] and where in lines[0]
+    if kind == "s3":
+        assert "cloud repositories (s3://, gs://, as://) are not supported yet" in lines[0]
+
+
+def test_a_backend_trident_lacks_says_so(tmp_path: Path) -> None:
+    from tests.e2e.models import write_model
+
+    write_model(tmp_path, "tf", 'name: "tf"\nplatform: "tensorflow_savedmodel"\nmax_batch_size: 0\n', "")
+    server = start_server(repo=tmp_path)
+    try:
+        index = httpx.post(f"http://{server.http_url}/v2/repository/index").json()
+        row = next(r for r in index if r["name"] == "tf")
+        assert row["state"] == "UNAVAILABLE"
+        assert "backend 'tensorflow' is not supported by trident yet" in row["reason"]
+        r = httpx.post(f"http://{server.http_url}/v2/models/tf/infer", json={"inputs": []})
+        assert r.status_code == 503 and "not supported by trident yet" in r.json()["error"]
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize(("front_end", "http_server"), [("http", "trident"), ("http", "hypercorn"),

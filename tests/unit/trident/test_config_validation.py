@@ -414,3 +414,18 @@ def test_default_model_filename_inside_the_folder_is_fine(tmp_path):
 def test_file_parameters_outside_the_model_folder_are_refused(tmp_path, value):
     text = f'name: "m" backend: "openvino" parameters {{ key: "CPU_EXTENSION_PATH" value {{ string_value: "{value}" }} }} '
     _fails(text + IO, tmp_path, "CPU_EXTENSION_PATH")
+
+
+def test_repository_agents_are_refused_by_name(tmp_path):
+    import pytest as _pytest
+
+    from trident.config import config_from_json
+    from trident.config_validation import validate_config
+    from trident.errors import Code, TritonError
+
+    config = config_from_json('{"name": "m", "backend": "python", "max_batch_size": 0, '
+                              '"model_repository_agents": {"agents": [{"name": "checksum"}]}}')
+    with _pytest.raises(TritonError) as info:
+        validate_config(config, "m", tmp_path)
+    assert info.value.code is Code.UNSUPPORTED
+    assert "repository agents (checksum)" in info.value.message and "not support yet" in info.value.message
