@@ -231,8 +231,9 @@ class PythonInstance(ModelInstance):
         ``pb_utils.TritonError`` fails only its own request. Decoupled: returns None.
         """
         pb_requests = [_convert.wrap_request(r, self._all_outputs) for r in requests]
-        for r, pb in zip(requests, pb_requests, strict=True):
-            pb._sender_factory = functools.partial(self._make_sender, r, r.responder)
+        responders = [r.responder for r in requests]  # as the batch starts: a finished request drops it
+        for r, pb, responder in zip(requests, pb_requests, responders, strict=True):
+            pb._sender_factory = functools.partial(self._make_sender, r, responder)
         try:
             with pb_utils._Context(self._runtime, requests):
                 result = self._model.execute(pb_requests)
@@ -259,11 +260,11 @@ class PythonInstance(ModelInstance):
                 ))
             return None
         if result is None:  # answered through the response sender, now or later (one response each)
-            return [self._answered_later(r, pb) for r, pb in zip(requests, pb_requests, strict=True)]
-        return self.check_responses(requests, result, pb_requests)
+            return [self._answered_later(responder, r.id) for r, responder in zip(requests, responders, strict=True)]
+        return self.check_responses(requests, result, responders)
 
     def check_responses(self, requests: list[InferenceRequest], result: Any,
-                        pb_requests: list[pb_utils.InferenceRequest]) -> list[InferenceResponse]:
+                        responders: list[Any]) -> list[InferenceResponse]:
         """``execute``'s return value as one trident response per request; a None entry is a
         request the model answers through its response sender (as in Triton). Raises TritonError."""
         if not isinstance(result, (list, tuple)):
@@ -285,17 +286,16 @@ class PythonInstance(ModelInstance):
                         f"execute must return pb_utils.InferenceResponse objects, got {type(item).__name__}"
                     )
                 )
-        return [self._answered_later(req, pb) if resp is None else self._convert_response(resp, req.id)
-                for req, resp, pb in zip(requests, result, pb_requests, strict=True)]
+        return [self._answered_later(responder, req.id) if resp is None else self._convert_response(resp, req.id)
+                for req, resp, responder in zip(requests, result, responders, strict=True)]
 
-    def _answered_later(self, request: InferenceRequest, pb: pb_utils.InferenceRequest) -> InferenceResponse:
-        """The placeholder for a request that the model answers through its sender: the
-        request's responder is marked ``deferred`` (the executor sends nothing for it). A
-        request without a responder can never be answered: an error response."""
-        responder = request.responder
+    def _answered_later(self, responder: Any, request_id: str) -> InferenceResponse:
+        """The placeholder for a request that the model answers through its sender: its
+        responder is marked ``deferred`` (the executor sends nothing for it). A request without
+        a responder can never be answered: an error response."""
         if responder is None:
             return InferenceResponse(error=internal(self._failure(
-                f"execute returned None but no final response was sent for request '{pb.request_id()}'"
+                f"execute returned None but no final response was sent for request '{request_id}'"
             )))
         responder.deferred = True
         return InferenceResponse()  # not sent: the executor skips deferred and completed requests
