@@ -216,12 +216,15 @@ async def serve(options: ServerOptions) -> int:
                         # drain with the front ends up: new inferences get 503 / UNAVAILABLE,
                         # ready is false, live true, keep-alive clients get answers
                         server.stopping = True
+                        # one --exit-timeout-secs for the whole exit: drain, the front ends'
+                        # last responses and the unload share it (open_server reads the deadline)
+                        server.exit_deadline = trio.current_time() + options.exit_timeout_secs
                         if not await server.wait_drained(options.exit_timeout_secs):
                             log.warning("exit timeout (%.0f s) expired with requests in flight",
                                         options.exit_timeout_secs)
                         shutdown.set()
                         front_ends.cancel_scope.cancel()
-                http_nursery.cancel_scope.deadline = trio.current_time() + options.exit_timeout_secs
+                http_nursery.cancel_scope.deadline = max(server.exit_deadline or 0.0, trio.current_time() + 1.0)
     if status:
         return status
     log.info("server stopped")

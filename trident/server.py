@@ -62,6 +62,8 @@ class Server:
         #: client shared-memory regions (system; CUDA answers UNSUPPORTED), for both front ends
         self.shared_memory = SharedMemory(options.allow_client_shm)
         self.stopping = False
+        #: when the exit must be over (trio clock), once a signal started it (trident.serve)
+        self.exit_deadline: float | None = None
         #: models still loading at start-up (the front ends listen meanwhile: live, not ready)
         self.loading = False
         self._repository_nursery = repository_nursery
@@ -316,9 +318,12 @@ async def open_server(options: ServerOptions | None = None,
         finally:
             server.stopping = True
             with trio.CancelScope(shield=True):
-                if not await server.wait_drained(options.exit_timeout_secs):
+                # the exit's one deadline (set by serve at the signal), else exit_timeout_secs from now
+                deadline = server.exit_deadline or trio.current_time() + options.exit_timeout_secs
+                if not await server.wait_drained(max(0.0, deadline - trio.current_time())):
                     log.warning("exit timeout expired with %d request(s) in flight", server._inflight)
-                with trio.move_on_after(options.exit_timeout_secs) as unloading:
+                # well-behaved models still get a moment to finalize after a drain that used it all
+                with trio.move_on_at(max(deadline, trio.current_time() + 1.0)) as unloading:
                     await server.repository.unload_all()
                 if unloading.cancelled_caught:  # a model stuck in execute must not keep the process up
                     abandon_running_calls(server)

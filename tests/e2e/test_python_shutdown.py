@@ -17,9 +17,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 from e2e.python_models import build_repo
 
-EXIT_TIMEOUT = 2
-# the drain, the gRPC grace period and the unload each wait up to the exit timeout
-BOUND = 3 * EXIT_TIMEOUT + 30
+EXIT_TIMEOUT = 4
+# one exit timeout for the whole exit: the drain, the front ends and the unload share it
+BOUND = 2 * EXIT_TIMEOUT + 2  # generous, but below the three timeouts it took before
 
 
 def _alive(pid: str) -> bool:

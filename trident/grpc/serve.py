@@ -25,6 +25,7 @@ import errno
 import logging
 import math
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -98,6 +99,15 @@ def ssl_context(options: Any) -> ssl.SSLContext | None:
     return context
 
 
+def _grace(server: Any) -> float:
+    """Seconds in-flight calls may still take: what is left of the exit's deadline (set by
+    trident.serve at the signal, one --exit-timeout-secs for the whole exit), at least one."""
+    deadline = getattr(server, "exit_deadline", None)
+    if deadline is None:
+        return float(getattr(server.options, "exit_timeout_secs", 30.0))
+    return max(1.0, deadline - trio.current_time())
+
+
 async def serve_grpc(server: Any, *, host: str, port: int, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Serve Triton's gRPC API for ``server`` on ``host:port`` until cancelled.
 
@@ -114,7 +124,7 @@ async def serve_grpc(server: Any, *, host: str, port: int, task_status: Any = tr
         host=host,
         port=port,
         ssl_context=ssl_context(server.options),
-        grace_period=float(getattr(server.options, "exit_timeout_secs", 30.0)),
+        grace_period=lambda: _grace(server),
         task_status=task_status,
     )
 
@@ -126,7 +136,7 @@ async def serve_methods(
     host: str,
     port: int,
     ssl_context: ssl.SSLContext | None = None,
-    grace_period: float = 30.0,
+    grace_period: float | Callable[[], float] = 30.0,
     budget: ServerBudget | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -186,7 +196,7 @@ async def serve_methods(
             with trio.CancelScope(shield=True):
                 for listener in listeners:
                     await trio.aclose_forcefully(listener)
-            conn_scope.deadline = trio.current_time() + grace_period
+            conn_scope.deadline = trio.current_time() + (grace_period() if callable(grace_period) else grace_period)
             for conn in list(connections):
                 conn.start_drain()
             stop.set()
