@@ -299,7 +299,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                  "--min-supported-compute-capability", "--buffer-manager-thread-count", "--host-policy",
                  "--model-load-gpu-limit"):
         _ignored(mm, name)
-    _flag(mm, "--allow-client-shm", d.allow_client_shm, "allow client shared memory registration (trident)")
+    _flag(mm, "--allow-client-shm", d.allow_client_shm, "let clients register shared-memory regions (as tritonserver 2.60+)")
 
     dep = serve.add_argument_group("DEPRECATED")
     _flag(dep, "--strict-model-config", False, "true disables auto-complete (use --disable-auto-complete-config)")
