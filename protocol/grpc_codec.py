@@ -32,7 +32,13 @@ import numpy as np
 
 from trident.errors import invalid_arg, unsupported
 from trident.protocol import datatypes
-from trident.protocol.kserve import ShmLookup, shm_array, shm_parameters, write_shm_output
+from trident.protocol.kserve import (
+    ShmLookup,
+    shm_array,
+    shm_parameters,
+    without_shm_parameters,
+    write_shm_output,
+)
 from trident.types import InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
 
 Buffer = bytes | bytearray | memoryview
@@ -461,9 +467,9 @@ def _tensors(buf: _Bytes, view: memoryview, model: str, inputs: list[_Input], ra
                 raise invalid_arg(f"contents field must not be specified with shared memory for input '{t.name}' "
                                   f"for model '{model}'")
             region, offset, size = shm_parameters(t.parameters, f"input '{t.name}'")
-            array = shm_array(t.name, t.datatype, tuple(t.shape), count, shm(region, offset, size), model)
-            params = {k: v for k, v in t.parameters.items() if not k.startswith("shared_memory_")}
-            out.append(Tensor(t.name, t.datatype, tuple(t.shape), array.reshape(t.shape), params))
+            shape = tuple(t.shape)
+            array = shm_array(t.name, t.datatype, shape, count, shm(region, offset, size), model)  # in shape
+            out.append(Tensor(t.name, t.datatype, shape, array, without_shm_parameters(t.parameters)))
             continue
         index += 1
         if raw:

@@ -432,30 +432,26 @@ class H2Server:
         stream = self.streams.get(stream_id)
         if stream is None or stream.remote_ended:
             return
-        processed = stream.recv_processed + size
-        limit = self.local_initial_window
-        if processed >= limit // 2 or (stream.recv_window == 0 and processed > min(1024, limit // 4)):
-            increment = min(processed, limit - stream.recv_window)
-            stream.recv_processed = 0
-            if increment > 0:
-                stream.recv_window += increment
-                self._out += frame_header(4, WINDOW_UPDATE_FRAME, 0, stream_id)
-                self._out += _U32.pack(increment)
-        else:
-            stream.recv_processed = processed
+        stream.recv_processed, increment = self._window_update(
+            stream.recv_processed + size, self.local_initial_window, stream.recv_window, stream_id)
+        stream.recv_window += increment
 
     def _ack_connection(self, size: int) -> None:
-        processed = self._recv_processed + size
-        limit = self._connection_window
-        if processed >= limit // 2 or (self._recv_window == 0 and processed > min(1024, limit // 4)):
-            increment = min(processed, limit - self._recv_window)
-            self._recv_processed = 0
-            if increment > 0:
-                self._recv_window += increment
-                self._out += frame_header(4, WINDOW_UPDATE_FRAME, 0, 0)
-                self._out += _U32.pack(increment)
-        else:
-            self._recv_processed = processed
+        self._recv_processed, increment = self._window_update(
+            self._recv_processed + size, self._connection_window, self._recv_window, 0)
+        self._recv_window += increment
+
+    def _window_update(self, processed: int, limit: int, window: int, stream_id: int) -> tuple[int, int]:
+        """A window's bookkeeping once ``processed`` bytes were consumed since its last update:
+        ``(processed left to count, increment granted)``; the WINDOW_UPDATE is queued when half
+        the window is used (or it is closed and a little was used), as h2 does."""
+        if processed < limit // 2 and not (window == 0 and processed > min(1024, limit // 4)):
+            return processed, 0
+        increment = min(processed, limit - window)
+        if increment > 0:
+            self._out += frame_header(4, WINDOW_UPDATE_FRAME, 0, stream_id)
+            self._out += _U32.pack(increment)
+        return 0, max(increment, 0)
 
     # ---- HEADERS and CONTINUATION ---------------------------------------------------------
 

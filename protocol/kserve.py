@@ -382,8 +382,8 @@ def _decode_input(
         region, shm_offset, shm_size = shm_parameters(params, f"input '{name}'")
         blob = shm(region, shm_offset, shm_size)
         array = shm_array(name, datatype, shape, count, blob, model_name)
-        kept = {k: v for k, v in params.items() if k not in _SHM_KEYS}
-        return Tensor(name, datatype, shape, array, _tensor_parameters(kept, f"input '{name}'", "")), offset
+        kept = _tensor_parameters(without_shm_parameters(params), f"input '{name}'", "")
+        return Tensor(name, datatype, shape, array, kept), offset
     tensor_params = _tensor_parameters(params, f"input '{name}'", "binary_data_size") if params else {}
 
     if has_binary:
@@ -406,6 +406,11 @@ def _decode_input(
 
     array = _json_to_array(name, datatype, shape, count, item["data"])
     return Tensor(name, datatype, shape, array, tensor_params), offset
+
+
+def without_shm_parameters(params: dict[str, Any]) -> dict[str, Any]:
+    """A tensor's parameters less the shared-memory ones (consumed when its data is read)."""
+    return {k: v for k, v in params.items() if k not in _SHM_KEYS}
 
 
 def shm_array(name: str, datatype: str, shape: tuple[int, ...], count: int, blob: memoryview,

@@ -199,12 +199,13 @@ class ModelRepository:
         """The load API (explicit mode only): load or reload ``name``.
 
         A reload of a loaded model without ``config`` keeps the config (and files) of the last
-        load that had one, as Triton does (an unload forgets it). Raises TritonError: UNSUPPORTED outside explicit mode, INTERNAL
-        "failed to poll from model repository" (Triton's words) for a model that is in neither
-        the repository nor the request and for a ``config`` that is not a JSON object,
-        INVALID_ARG for a bad name or file path, or when the load fails (with the reason). A
-        model that exists only through the request's files leaves no entry behind when its
-        load fails.
+        load that had one, as Triton does (an unload forgets it). A model that exists only
+        through the request's files leaves no entry behind when its load fails.
+
+        Raises TritonError: UNSUPPORTED outside explicit mode; INTERNAL "failed to poll from
+        model repository" (Triton's words) for a model in neither the repository nor the
+        request, and for a ``config`` that is not a JSON object; INVALID_ARG for a bad name or
+        file path, or when the load fails (with the reason).
         """
         if self.options.model_control_mode != "explicit":
             raise unsupported("explicit model load / unload is not allowed if polling is enabled"

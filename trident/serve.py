@@ -103,7 +103,7 @@ def startup_tables(server: Server) -> list[str]:
     opts = server.options
     backends: dict[str, str] = {}
     for mv in server.repository.serving():
-        name = getattr(mv.config, "backend", "") or getattr(mv.config, "platform", "")
+        name = mv.config.backend or mv.config.platform
         if name and name not in backends:
             config = opts.backend_config.get(name, {})
             backends[name] = json.dumps({"cmdline": {**opts.backend_config.get("", {}), **config}}, sort_keys=True)
@@ -150,7 +150,7 @@ def _missing_repository(opts: ServerOptions) -> str | None:
     """Why a ``--model-repository`` cannot be served (None when all can): a missing or
     unreadable folder stops the server at start-up, as tritonserver does."""
     for path in opts.model_repositories:
-        if path.split("://", 1)[0] in ("s3", "gs", "as") and "://" in path:
+        if path.startswith(("s3://", "gs://", "as://")):
             return (f"model repository '{path}': cloud repositories (s3://, gs://, as://) are not supported "
                     "yet; copy the repository to a local folder")
         folder = Path(path)

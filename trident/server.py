@@ -144,8 +144,7 @@ class Server:
         except TritonError as e:  # Triton's words (and INVALID_ARG) for what is not serving
             if e.code not in (Code.NOT_FOUND, Code.UNAVAILABLE):
                 raise
-            if version and name in self.repository.names() and any(
-                    v.name == name for v in self.repository.serving()):
+            if version and any(v.name == name for v in self.repository.serving()):
                 raise invalid_arg(f"requested model version is not available for model '{name}'") from None
             raise invalid_arg(f"requested model '{name}' is not available") from None
         if version:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trident.errors import Code, TritonError, internal, invalid_arg, not_found, unsupported
+from trident.protocol.kserve import shm_parameters
 
 SHM_ROOT = "/dev/shm"
 MAX_REGIONS = 4096  # registered regions per kind (a client controls the count)
@@ -88,12 +89,6 @@ class SharedMemory:
         self._check_allowed()
         if not name:
             raise invalid_arg("failed to register shared memory region: the region needs a name")
-        with self._lock:
-            if name in self._system:
-                raise TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
-            if len(self._system) >= MAX_REGIONS:
-                raise invalid_arg(f"failed to register shared memory region '{name}': at most {MAX_REGIONS} "
-                                  "system shared memory regions can be registered")
         if offset < 0 or byte_size <= 0:
             raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
         path = check_key(key)
@@ -102,8 +97,7 @@ class SharedMemory:
         except OSError:
             raise internal(f"Unable to open shared memory region: '{key}'") from None
         try:
-            size = os.fstat(fd).st_size
-            if offset + byte_size > size:
+            if offset + byte_size > os.fstat(fd).st_size:
                 raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
             try:
                 mapping = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -112,10 +106,17 @@ class SharedMemory:
         finally:
             os.close(fd)
         with self._lock:
-            if name in self._system:  # registered meanwhile by another call
-                mapping.close()
-                raise TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
-            self._system[name] = SystemRegion(name, key, offset, byte_size, mapping)
+            refusal = None
+            if name in self._system:
+                refusal = TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
+            elif len(self._system) >= MAX_REGIONS:
+                refusal = invalid_arg(f"failed to register shared memory region '{name}': at most {MAX_REGIONS} "
+                                      "system shared memory regions can be registered")
+            else:
+                self._system[name] = SystemRegion(name, key, offset, byte_size, mapping)
+        if refusal is not None:
+            mapping.close()
+            raise refusal
 
     def unregister_system(self, name: str = "") -> None:
         """Forget ``name`` (every region when empty; an unknown name is not an error, as in
@@ -196,8 +197,6 @@ class SharedMemory:
     def check_outputs(self, outputs: dict[str, dict[str, Any]]) -> None:
         """Check the regions of outputs to be written (their requested parameters) before the
         model runs. Raises what :meth:`output_view` raises, and INVALID_ARG for bad parameters."""
-        from trident.protocol.kserve import shm_parameters
-
         for name, params in outputs.items():
             self.output_view(*shm_parameters(params, f"output '{name}'"))
 

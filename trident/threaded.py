@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -63,10 +64,8 @@ class ServerThread:
             return
         self._closed = True
         if self._token is not None and self._stop is not None:
-            try:
+            with contextlib.suppress(trio.RunFinishedError):  # the server's loop already ended
                 self._token.run_sync_soon(self._stop.set)
-            except trio.RunFinishedError:
-                pass
         self._thread.join()
 
     async def aclose(self) -> None:
@@ -158,19 +157,15 @@ class ServerThread:
                     error = exc
             if scope.cancelled_caught and error is None:
                 error = asyncio.CancelledError("cancelled on the server")
-            try:
+            with contextlib.suppress(RuntimeError):  # the asyncio loop closed: nobody waits for it
                 loop.call_soon_threadsafe(settle, result, error)
-            except RuntimeError:  # the asyncio loop is closed: nobody waits for the answer
-                pass
 
         token.run_sync_soon(nursery.start_soon, run)
         try:
             return await future
         except asyncio.CancelledError:
-            try:
+            with contextlib.suppress(trio.RunFinishedError):  # the server's loop already ended
                 token.run_sync_soon(scope.cancel)
-            except trio.RunFinishedError:
-                pass
             raise
 
     def infer(self, request: InferenceRequest) -> InferenceResponse:

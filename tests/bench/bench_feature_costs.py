@@ -32,10 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from proc_stats import cpu_seconds  # tests/bench/proc_stats.py (the script runs from tests/bench)
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 WRK_LUA = ROOT.parent / "shared" / "bench" / "wrk_v2.lua"
-TICKS = os.sysconf("SC_CLK_TCK")
 
 IDENTITY = '''
 import triton_python_backend_utils as pb_utils
@@ -78,9 +79,6 @@ def write_repo(root: Path) -> None:
         (root / name / "1" / "model.py").write_text(IDENTITY)
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
 def body_file(tmp: Path, kind: str | None) -> Path:

@@ -35,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from e2e.conftest import start_server  # noqa: E402
+from proc_stats import cpu_seconds  # noqa: E402 - tests/bench/proc_stats.py
 
 
 def configs(trace_dir: Path) -> dict[str, tuple[str, ...]]:
@@ -49,12 +50,6 @@ def configs(trace_dir: Path) -> dict[str, tuple[str, ...]]:
     }
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (Linux /proc)."""
-    import os
-
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(url: str, seconds: float, pid: int) -> tuple[float, float]:

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from proc_stats import cpu_seconds  # tests/bench/proc_stats.py (the script runs from tests/bench)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/ for e2e.conftest
@@ -75,11 +76,6 @@ def timed(fn, iterations: int) -> list[float]:
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (and its waited-for children are not included)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cell(v: list[float]) -> str:

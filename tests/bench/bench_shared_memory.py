@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 import uuid
@@ -27,13 +26,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+from proc_stats import cpu_seconds  # tests/bench/proc_stats.py (the script runs from tests/bench)
 
 
 def run_case(name: str, http_port: int, grpc_port: int, pid: int, mib: int, proto: str, mode: str,

@@ -133,7 +133,9 @@ def test_during_the_drain_http_keeps_answering(tmp_path: Path) -> None:
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         server.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        drain_seen = time.monotonic() + 10
+        while keep_alive.get("/v2/health/ready").status_code != 400 and time.monotonic() < drain_seen:
+            time.sleep(0.01)  # until the signal is handled
         assert server.proc.poll() is None  # draining
         assert keep_alive.get("/v2/health/live").status_code == 200
         assert keep_alive.get("/v2/health/ready").status_code == 400

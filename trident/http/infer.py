@@ -138,7 +138,6 @@ class InferEndpoint:
             elif key == b"accept-encoding":
                 accept_encoding = value.decode("latin-1")
         body = await read_body()
-        self.server.repository.get(name, version)  # an unknown model is 404 before the body is parsed
         if content_encoding is not None:
             body = await offload.decompress(body, content_encoding, self.limit)
         heavy = False
@@ -147,13 +146,17 @@ class InferEndpoint:
             request = _decode_raw(self.server, body, name, version)
             binary_default = True
         else:
-            if len(body) < offload.OFFLOAD_THRESHOLD or not kserve.is_heavy(
-                    body, header_length, offload.OFFLOAD_THRESHOLD):
-                request = kserve.decode_infer_request(body, header_length, name, version, shm)
-            else:  # a large JSON (or BYTES) decode: in a worker thread, not on the loop
-                heavy = True
-                request = await offload.run_sync(kserve.decode_infer_request, body, header_length, name, version,
-                                                 shm)
+            try:
+                if len(body) < offload.OFFLOAD_THRESHOLD or not kserve.is_heavy(
+                        body, header_length, offload.OFFLOAD_THRESHOLD):
+                    request = kserve.decode_infer_request(body, header_length, name, version, shm)
+                else:  # a large JSON (or BYTES) decode: in a worker thread, not on the loop
+                    heavy = True
+                    request = await offload.run_sync(kserve.decode_infer_request, body, header_length, name,
+                                                     version, shm)
+            except TritonError:
+                self.server.repository.get(name, version)  # an unknown model answers 404, as Triton, not 400
+                raise
             params = request.parameters
             binary_default = bool(params.pop("binary_data_output", False)) if params else False
         del body
