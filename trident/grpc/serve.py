@@ -32,6 +32,7 @@ import trio
 
 from trident.grpc.h2_engine import ENGINES
 from trident.grpc.transport import Connection, Method, ServerBudget, TransportConfig
+from trident.listening import TcpListener, acquire_slots, open_tcp_listeners
 from trident.protocol import grpc_framing
 
 log = logging.getLogger("trident.grpc")
@@ -144,8 +145,8 @@ async def serve_methods(
 
     ``budget`` (default: a new one from ``config``) is shared by all connections; tests pass
     their own to read its counters."""
-    listeners = await trio.open_tcp_listeners(port, host=host or None)
-    bound = listeners[0].socket.getsockname()[1]
+    listeners = await open_tcp_listeners(port, host=host or None)
+    bound = listeners[0].port()
     connections: set[Connection] = set()
     draining = False
     if budget is None:
@@ -193,9 +194,8 @@ async def serve_methods(
                 task_status.started(bound)
         finally:
             draining = True
-            with trio.CancelScope(shield=True):
-                for listener in listeners:
-                    await trio.aclose_forcefully(listener)
+            for listener in listeners:
+                listener.close()
             conn_scope.deadline = trio.current_time() + (grace_period() if callable(grace_period) else grace_period)
             for conn in list(connections):
                 conn.start_drain()
@@ -212,25 +212,34 @@ async def _connection_nursery(*, task_status: Any = trio.TASK_STATUS_IGNORED) ->
             await stop.wait()
 
 
-async def _accept_loop(listener: trio.SocketListener, nursery: trio.Nursery, handle: Any,
+ACCEPT_BATCH = 64  # most connections taken from the kernel's queue in one scheduler pass
+
+
+async def _accept_loop(listener: TcpListener, nursery: trio.Nursery, handle: Any,
                        slots: trio.Semaphore) -> None:
-    """Accept while a connection slot is free; ``handle`` releases the slot when it returns."""
+    """Accept while a connection slot is free; ``handle`` releases the slot when it returns.
+    Every connection already waiting is accepted at once (see trident.listening)."""
     warned = -math.inf
     while True:
         if slots.value == 0 and trio.current_time() - warned > 60:
             warned = trio.current_time()
             log.warning("gRPC connection limit reached: accepting pauses until a connection closes")
-        await slots.acquire()
+        taken = await acquire_slots(slots, ACCEPT_BATCH)
         try:
-            stream = await listener.accept()
+            streams = await listener.accept_waiting(taken)
         except OSError as e:
-            slots.release()
+            for _ in range(taken):
+                slots.release()
             if e.errno not in _ACCEPT_RETRY_ERRNOS:
                 raise
             log.error("accept() failed (%s); retrying in 100 ms", e)
             await trio.sleep(0.1)
             continue
         except BaseException:
-            slots.release()
+            for _ in range(taken):
+                slots.release()
             raise
-        nursery.start_soon(handle, stream)
+        for _ in range(taken - len(streams)):
+            slots.release()
+        for stream in streams:
+            nursery.start_soon(handle, stream)

@@ -57,6 +57,7 @@ import trio
 
 from trident.http.app import ASGIApp, Message, make_app
 from trident.http.infer import JSON, Disconnected, HTTPError, InferEndpoint, too_large
+from trident.listening import TcpListener, acquire_slots, open_tcp_listeners
 from trident.protocol import kserve
 from trident.protocol.http1 import (
     CONTINUE,
@@ -712,29 +713,38 @@ def _infer_target(target: bytes) -> tuple[str, str] | None:
 _TARGETS: dict[bytes, tuple[str, str]] = {}  # infer targets seen (bounded)
 
 
-async def _accept_loop(listener: trio.SocketListener, state: _State, nursery: trio.Nursery) -> None:
-    """Accept connections, each holding one of ``state.slots`` (at the limit, accepting waits)."""
+ACCEPT_BATCH = 64  # most connections taken from the kernel's queue in one scheduler pass
+
+
+async def _accept_loop(listener: TcpListener, state: _State, nursery: trio.Nursery) -> None:
+    """Accept connections, each holding one of ``state.slots`` (at the limit, accepting waits).
+    Every connection already waiting is accepted at once (see trident.listening)."""
     slots = state.slots
     while True:
         if slots.value == 0:
             log.warning("%d HTTP connections are open (--http-max-connections): accepting pauses until one "
                         "closes", slots.max_value)
-        await slots.acquire()
+        taken = await acquire_slots(slots, ACCEPT_BATCH)
         try:
-            stream = await listener.accept()
+            streams = await listener.accept_waiting(taken)
         except OSError as exc:
-            slots.release()
+            for _ in range(taken):
+                slots.release()
             if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
                 raise
             log.error("accept failed (%s): waiting 100 ms", errno.errorcode.get(exc.errno or 0, exc.errno))
             await trio.sleep(0.1)
             continue
         except BaseException:
-            slots.release()
+            for _ in range(taken):
+                slots.release()
             raise
-        conn = _Connection(state, stream)
-        state.connections.add(conn)
-        nursery.start_soon(conn.run, name="trident.http.connection")
+        for _ in range(taken - len(streams)):
+            slots.release()
+        for stream in streams:
+            conn = _Connection(state, stream)
+            state.connections.add(conn)
+            nursery.start_soon(conn.run, name="trident.http.connection")
 
 
 async def _tick(state: _State) -> None:
@@ -801,7 +811,7 @@ async def serve_asgi(
     Raises OSError when the address cannot be bound. Cancellation closes the listener and every
     connection and cancels the application calls in flight.
     """
-    listeners = await trio.open_tcp_listeners(port, host=host, backlog=backlog)
+    listeners = await open_tcp_listeners(port, host=host, backlog=backlog)
     state = _State(app, max_head_size, keep_alive_timeout, header_timeout, body_timeout, max_connections,
                    infer_endpoint)
     try:
@@ -813,21 +823,21 @@ async def serve_asgi(
                     for listener in listeners:
                         accepting.start_soon(_accept_loop, listener, state, connections)
                     accepting.start_soon(_reap_idle, state)
-                    task_status.started(listeners[0].socket.getsockname()[1])
+                    task_status.started(listeners[0].port())
                     if shutdown_trigger is None:
                         await trio.sleep_forever()
                     else:
                         await shutdown_trigger()
                     accepting.cancel_scope.cancel()
                 for listener in listeners:
-                    listener.socket.close()
+                    listener.close()
                 state.shutting_down = True
                 state.close_idle()
                 connections.cancel_scope.deadline = trio.current_time() + graceful_timeout
             watching.cancel_scope.cancel()
     finally:
         for listener in listeners:
-            listener.socket.close()
+            listener.close()
 
 
 async def serve_http_fast(
