@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from trident.errors import TritonError, invalid_arg, unsupported
+from trident.errors import TritonError, invalid_arg
 from trident.protocol.generated.inference import (
     BatchInputKind,
     DataType,
@@ -57,10 +57,7 @@ def validate_config(config: ModelConfig, model_name: str, model_dir: Path, *, gp
             f"unexpected directory name '{model_name}' for model '{name}', directory name must equal model name"
         )
     _validate_platform(config)
-    agents = config.model_repository_agents.agents if config.model_repository_agents is not None else []
-    if agents:
-        raise unsupported(f"model '{name}' names repository agents ({', '.join(a.name for a in agents)}), which "
-                          "trident does not support yet (model_repository_agents)")
+    # model_repository_agents: checked (agents known, within bounds) by the repository, which runs them
     if config.max_batch_size < 0:
         raise invalid_arg(f"'max_batch_size' must be non-negative value for {name}")
     policy = config.version_policy
@@ -505,7 +502,7 @@ def confine_model_files(config: ModelConfig, model_dir: Path) -> None:
 
 
 def _validate_inline_parameter(config: ModelConfig) -> None:
-    from trident.execution import INLINE_MODES, INLINE_PARAMETER
+    from trident.config import INLINE_MODES, INLINE_PARAMETER
 
     param = config.parameters.get(INLINE_PARAMETER)
     if param is not None and param.string_value.strip().lower() not in INLINE_MODES:

@@ -416,16 +416,13 @@ def test_file_parameters_outside_the_model_folder_are_refused(tmp_path, value):
     _fails(text + IO, tmp_path, "CPU_EXTENSION_PATH")
 
 
-def test_repository_agents_are_refused_by_name(tmp_path):
-    import pytest as _pytest
-
+def test_repository_agents_pass_validation(tmp_path):
+    """model_repository_agents is no longer refused here: the repository checks and runs the
+    agents (tests/unit/agents, tests/e2e/test_repository_agents.py)."""
     from trident.config import config_from_json
     from trident.config_validation import validate_config
-    from trident.errors import Code, TritonError
 
     config = config_from_json('{"name": "m", "backend": "python", "max_batch_size": 0, '
                               '"model_repository_agents": {"agents": [{"name": "checksum"}]}}')
-    with _pytest.raises(TritonError) as info:
-        validate_config(config, "m", tmp_path)
-    assert info.value.code is Code.UNSUPPORTED
-    assert "repository agents (checksum)" in info.value.message and "not support yet" in info.value.message
+    validate_config(config, "m", tmp_path)
+    assert config.model_repository_agents is not None and config.model_repository_agents.agents[0].name == "checksum"
