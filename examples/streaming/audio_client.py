@@ -79,12 +79,19 @@ class VadStream:
             raise ValueError(f"a chunk is {CHUNK} samples, got shape {chunk.shape}")
         inp = grpcclient.InferInput("AUDIO", [1, CHUNK], "FP32")
         inp.set_data_from_numpy(np.ascontiguousarray(chunk, np.float32)[None])
+        return self.send_inputs([inp], start=start, end=end)
+
+    def send_inputs(self, inputs: list[grpcclient.InferInput], *, start: bool = False, end: bool = False,
+                    sequence_id: int | str | None = None) -> int:
+        """Queue one request with these inputs (any, also wrong ones: the server answers with an
+        error on the stream) on this stream's sequence or ``sequence_id``; returns its index."""
         with self._lock:
             index = self._next
             self._next += 1
             rid = f"{self.sequence_id}:{index}"
             self._sent[rid] = (index, time.perf_counter())
-        self._client.async_stream_infer(self.model, [inp], request_id=rid, sequence_id=self.sequence_id,
+        sid = self.sequence_id if sequence_id is None else sequence_id
+        self._client.async_stream_infer(self.model, inputs, request_id=rid, sequence_id=sid,
                                         sequence_start=start, sequence_end=end)
         return index
 
