@@ -419,10 +419,11 @@ def test_file_parameters_outside_the_model_folder_are_refused(tmp_path, value):
 def test_repository_agents_pass_validation(tmp_path):
     """model_repository_agents is no longer refused here: the repository checks and runs the
     agents (tests/unit/agents, tests/e2e/test_repository_agents.py)."""
-    from trident.config import config_from_json
+    from trident.config import complete_defaults, config_from_json
     from trident.config_validation import validate_config
 
     config = config_from_json('{"name": "m", "backend": "python", "max_batch_size": 0, '
                               '"model_repository_agents": {"agents": [{"name": "checksum"}]}}')
+    config = complete_defaults(config, "m")
     validate_config(config, "m", tmp_path)
     assert config.model_repository_agents is not None and config.model_repository_agents.agents[0].name == "checksum"
