@@ -203,6 +203,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                    help="a request head must arrive whole within this (trident)")
     h.add_argument("--http-body-timeout-secs", type=_seconds, default=d.http_body_timeout_secs,
                    help="longest pause between request body bytes (trident)")
+    h.add_argument("--openai-port", type=_port, default=d.openai_port, metavar="PORT",
+                   help="serve the OpenAI-compatible API (/v1) on this port too, at --http-address")
 
     h = serve.add_argument_group("GRPC")
     _flag(h, "--allow-grpc", d.allow_grpc, "serve gRPC")

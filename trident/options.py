@@ -24,6 +24,9 @@ class ServerOptions:
     http_max_connections: int = 4096  # open connections; at the limit, accepting pauses
     http_header_timeout_secs: float = 30.0  # a request head must arrive whole within this
     http_body_timeout_secs: float = 60.0  # longest pause between request body bytes
+    # the OpenAI-compatible front end (trident.openai) on a port of its own, at http_address
+    # (None: only under /v1 on the HTTP port)
+    openai_port: int | None = None
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001

@@ -78,6 +78,13 @@ async def _start_front_ends(server: Server, nursery: trio.Nursery, http_nursery:
                                                   shutdown_trigger=shutdown.wait),
                             "HTTP service", opts.http_address, opts.http_port)
         log.info("Started HTTPService at %s:%s", opts.http_address, port)
+    if opts.openai_port is not None:
+        from trident.openai.serve import serve_openai
+
+        port = await _start(http_nursery, partial(serve_openai, server, host=opts.http_address, port=opts.openai_port,
+                                                  shutdown_trigger=shutdown.wait),
+                            "OpenAI frontend", opts.http_address, opts.openai_port)
+        log.info("Started OpenAIFrontend at %s:%s", opts.http_address, port)
     if opts.allow_metrics:
         from trident.metrics import serve_metrics
 

@@ -1,0 +1,44 @@
+"""Serve the OpenAI-compatible front end on a port of its own (``--openai-port``).
+
+trident's own HTTP/1.1 layer (:func:`trident.http.fastserver.serve_asgi`) serves
+:func:`trident.openai.app.make_openai_app` with the HTTP front end's limits
+(``http_header_timeout_secs``, ``http_body_timeout_secs``, ``http_max_connections``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from trident.http.fastserver import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_CONNECTIONS, serve_asgi
+from trident.openai.app import make_openai_app
+
+if TYPE_CHECKING:
+    from trident.server import Server
+
+
+async def serve_openai(
+    server: Server,
+    *,
+    host: str,
+    port: int,
+    shutdown_trigger: Callable[[], Awaitable[Any]] | None = None,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the OpenAI routes of ``server`` on ``host:port`` until cancelled.
+
+    Start it with ``nursery.start``: it reports the bound port (the real one when ``port`` is
+    0). When ``shutdown_trigger`` returns, it stops accepting and finishes in-flight requests
+    (up to the server's ``exit_timeout_secs``).
+
+    Raises OSError when the address cannot be bound. Cancellation closes the listener and
+    cancels every in-flight request (each is cancelled in the server too).
+    """
+    options = server.options
+    await serve_asgi(make_openai_app(server), host=host, port=port, shutdown_trigger=shutdown_trigger,
+                     graceful_timeout=float(getattr(options, "exit_timeout_secs", 5.0)), task_status=task_status,
+                     header_timeout=float(getattr(options, "http_header_timeout_secs", HEADER_TIMEOUT)),
+                     body_timeout=float(getattr(options, "http_body_timeout_secs", BODY_TIMEOUT)),
+                     max_connections=int(getattr(options, "http_max_connections", MAX_CONNECTIONS)))
