@@ -9,7 +9,7 @@
   :func:`check_io` checks a config against them with Triton's wording.
 * :class:`BatchRunner` turns a batch of requests into framework calls: requests whose inputs
   have the same non-batch shapes are concatenated along the batch dimension
-  (:mod:`trident.batching.merge`) and run once, outputs are split back per request.
+  (:mod:`trident.backends.merge`) and run once, outputs are split back per request.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 
 from trident import DISTRIBUTION
 from trident import config as cfg
-from trident.batching.merge import batch_sizes, merge_inputs, split_outputs
+from trident.backends.merge import batch_sizes, merge_inputs, split_outputs
 from trident.errors import TritonError, internal, invalid_arg, unavailable, unsupported
 from trident.protocol import datatypes
 from trident.protocol.generated.inference import (

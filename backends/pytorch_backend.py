@@ -45,7 +45,7 @@ from trident.backends._common import (
     str_array,
 )
 from trident.backends.base import Backend, LoadContext, ModelInstance
-from trident.batching.state import with_sequence_io
+from trident.backends.sequence_io import with_sequence_io
 from trident.errors import TritonError, internal, invalid_arg, unavailable, unsupported
 from trident.protocol.generated.inference import DataType, ModelConfig
 from trident.types import InferenceRequest, InferenceResponse

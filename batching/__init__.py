@@ -2,9 +2,8 @@
 
 Modules: :mod:`.policy` (priority levels, queue policies), :mod:`.dynamic` (batch-forming
 decisions), :mod:`.batcher` (the trio scheduler), :mod:`.rate_limiter`, :mod:`.cache`
-(response cache), :mod:`.warmup`, :mod:`.ragged` (batch inputs), :mod:`.merge` (tensor
-merge/split for framework backends), :mod:`.queue` / :mod:`.scheduler` (the seam and the
-plain FIFO scheduler).
+(response cache), :mod:`.warmup`, :mod:`.sequence` (the sequence batcher) with :mod:`.state`
+(implicit state), :mod:`.ensemble` (ensemble steps), :mod:`.scheduler` (the seam).
 """
 
 from __future__ import annotations
@@ -16,11 +15,11 @@ from typing import Any
 from trident.batching.batcher import DynamicScheduler
 from trident.batching.dynamic import BatchRules, shape_key
 from trident.batching.policy import Priorities
-from trident.batching.scheduler import GreedyScheduler, Scheduler
+from trident.batching.scheduler import Scheduler
 from trident.batching.sequence import SequenceScheduler
 from trident.protocol.generated.inference import ModelConfig
 
-__all__ = ["Scheduler", "GreedyScheduler", "DynamicScheduler", "SequenceScheduler", "make_scheduler"]
+__all__ = ["Scheduler", "DynamicScheduler", "SequenceScheduler", "make_scheduler"]
 
 
 def make_scheduler(config: ModelConfig, on_drop: Callable[[Any], None], *, rate_limiter: Any = None,

@@ -39,6 +39,7 @@ from typing import Any
 import trio
 
 from trident import config as cfg
+from trident.batching.admission import tensor_specs, validate_request
 from trident.batching.batcher import Sequencer, Turn
 from trident.batching.cache import request_key
 from trident.batching.ensemble_plan import (
@@ -50,13 +51,11 @@ from trident.batching.ensemble_plan import (
     version_string,
 )
 from trident.errors import Code, TritonError, invalid_arg, unavailable
-from trident.execution import FLAG_ONLY
-from trident.model import tensor_specs, validate_request
 from trident.model_metrics import observer_for
 from trident.protocol.classification import classify
 from trident.protocol.generated.inference import ModelConfig, ModelTransactionPolicy
 from trident.stats import CANCELED, OTHER, StatsRecorder
-from trident.types import InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
+from trident.types import FLAG_ONLY, InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
 
 log = logging.getLogger("trident.ensemble")
 

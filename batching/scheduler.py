@@ -3,9 +3,8 @@
 A scheduler receives queued requests (:meth:`Scheduler.enqueue`, never blocking) and runs
 inside the model version's nursery (:meth:`Scheduler.run`), handing batches to
 ``execute(instance, batch)`` — one worker task per instance, at most one batch per instance
-at a time. :class:`GreedyScheduler` is the default: FIFO, greedy batches up to
-``max_batch_size`` (what ``dynamic_batching {}`` does with no delay), cancelled requests
-dropped before batch assembly.
+at a time. The schedulers behind it: :class:`~trident.batching.batcher.DynamicScheduler`
+(Triton's default and dynamic batchers) and :class:`~trident.batching.sequence.SequenceScheduler`.
 """
 
 from __future__ import annotations
@@ -14,9 +13,6 @@ import abc
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-import trio
-
-from trident.batching.queue import RequestQueue
 from trident.errors import unsupported
 
 
@@ -78,27 +74,3 @@ class Scheduler(abc.ABC):
     def release(self, slot: Any) -> None:
         """Give back a slot from :meth:`claim` after its execution."""
         raise unsupported(f"{type(self).__name__} hands out no slots")
-
-
-class GreedyScheduler(Scheduler):
-    """FIFO; each idle instance takes the longest prefix of the queue that fits max_batch_size."""
-
-    def __init__(self, max_batch_size: int, on_drop: Callable[[Any], None]) -> None:
-        super().__init__(on_drop)
-        self._queue: RequestQueue[Any] = RequestQueue(max_batch_size, on_drop)
-
-    def enqueue(self, item: Schedulable) -> None:
-        self._queue.put(item)
-
-    def queued(self) -> int:
-        return len(self._queue)
-
-    async def run(self, instances: Sequence[Any], execute: ExecuteBatch) -> None:
-        async with trio.open_nursery() as nursery:
-            for instance in instances:
-                nursery.start_soon(self._worker, instance, execute)
-
-    async def _worker(self, instance: Any, execute: ExecuteBatch) -> None:
-        while True:
-            batch = await self._queue.get_batch()
-            await execute(instance, batch)

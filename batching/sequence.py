@@ -47,6 +47,7 @@ from typing import Any
 
 import trio
 
+from trident.backends.sequence_io import CORRID, END, READY, START, controls_of
 from trident.batching.scheduler import ExecuteBatch, Schedulable, Scheduler
 from trident.batching.sequence_rules import (
     DIRECT,
@@ -58,17 +59,7 @@ from trident.batching.sequence_rules import (
     idle_expired,
     next_idle_deadline,
 )
-from trident.batching.state import (
-    CORRID,
-    END,
-    READY,
-    START,
-    SequenceState,
-    control_tensor,
-    controls_of,
-    null_inputs,
-    states_of,
-)
+from trident.batching.state import SequenceState, control_tensor, null_inputs, states_of
 from trident.errors import Code, TritonError, internal, invalid_arg
 from trident.protocol.generated.inference import ModelConfig
 from trident.types import InferenceRequest, InferenceResponse, RequestedOutput

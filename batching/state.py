@@ -19,50 +19,25 @@ zero-filled (BYTES: empty strings), START, END and READY false, CORRID 0 (empty 
 CORRID: a null request belongs to no sequence, as in Triton, where the model cannot assume that
 any input of a not-ready slot is meaningful) and the initial state.
 
-:func:`with_sequence_io` gives framework backends the config they run with: the model's
-inputs plus the control and state inputs, its outputs plus the state outputs.
+The control inputs themselves and the inputs and outputs a framework backend runs with are
+:mod:`trident.backends.sequence_io` (the backend's side of the contract).
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from trident import config as cfg
+from trident.backends.sequence_io import CORRID, Control
 from trident.errors import invalid_arg
-from trident.protocol.datatypes import api_to_config, numpy_dtype
+from trident.protocol.datatypes import numpy_dtype
 from trident.protocol.generated.inference import (
-    DataType,
     ModelConfig,
-    ModelInput,
-    ModelOutput,
-    ModelSequenceBatchingControlKind,
 )
 from trident.types import Tensor
-
-START = "START"
-END = "END"
-READY = "READY"
-CORRID = "CORRID"
-_KINDS = {
-    ModelSequenceBatchingControlKind.CONTROL_SEQUENCE_START: START,
-    ModelSequenceBatchingControlKind.CONTROL_SEQUENCE_END: END,
-    ModelSequenceBatchingControlKind.CONTROL_SEQUENCE_READY: READY,
-    ModelSequenceBatchingControlKind.CONTROL_SEQUENCE_CORRID: CORRID,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Control:
-    """One control input: its tensor name, kind, datatype and (false, true) values."""
-
-    name: str
-    kind: str  # START | END | READY | CORRID
-    datatype: str
-    values: tuple[object, object] = (0, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,31 +47,6 @@ class StateSpec:
     datatype: str
     dims: tuple[int, ...]
     initial: np.ndarray
-
-
-def controls_of(config: ModelConfig) -> list[Control]:
-    """The control inputs of ``config.sequence_batching``. Raises INVALID_ARG for a bad one."""
-    sb = config.sequence_batching
-    out: list[Control] = []
-    for ci in sb.control_input if sb else []:
-        for c in ci.control:
-            kind = _KINDS[ModelSequenceBatchingControlKind(c.kind)]
-            if kind == CORRID:
-                dtype = cfg.api_datatype(c.data_type)
-                if dtype not in ("UINT64", "INT64", "UINT32", "INT32", "BYTES"):
-                    raise invalid_arg(f"CORRID control '{ci.name}' of model '{config.name}' has data type "
-                                      f"{dtype}; expected UINT64, INT64, UINT32, INT32 or STRING")
-                out.append(Control(ci.name, kind, dtype))
-            elif len(c.int32_false_true) == 2:
-                out.append(Control(ci.name, kind, "INT32", (c.int32_false_true[0], c.int32_false_true[1])))
-            elif len(c.fp32_false_true) == 2:
-                out.append(Control(ci.name, kind, "FP32", (c.fp32_false_true[0], c.fp32_false_true[1])))
-            elif len(c.bool_false_true) == 2:
-                out.append(Control(ci.name, kind, "BOOL", (c.bool_false_true[0], c.bool_false_true[1])))
-            else:
-                raise invalid_arg(f"control '{ci.name}' of model '{config.name}' must specify exactly one of "
-                                  "int32_false_true, fp32_false_true or bool_false_true with 2 values")
-    return out
 
 
 def states_of(config: ModelConfig, model_dir: Path | None) -> list[StateSpec]:
@@ -157,33 +107,6 @@ def null_inputs(client_inputs: list[Tensor], controls: list[Control], state: Seq
         out.append(control_tensor(c, value, batching))
     out.extend(state.initial_tensors())
     return out
-
-
-def with_sequence_io(config: ModelConfig) -> ModelConfig:
-    """``config`` plus its control and state inputs and state outputs (for framework backends).
-
-    Returns ``config`` itself when it has no sequence batching.
-    """
-    sb = config.sequence_batching
-    if sb is None or (not sb.control_input and not sb.state):
-        return config
-    out = copy.deepcopy(config)
-    inputs = {i.name for i in out.input}
-    outputs = {o.name for o in out.output}
-    for control in controls_of(config):
-        if control.name not in inputs:
-            out.input.append(ModelInput(name=control.name, data_type=_config_type(control.datatype), dims=[1]))
-            inputs.add(control.name)
-    for s in sb.state:
-        if s.input_name not in inputs:
-            out.input.append(ModelInput(name=s.input_name, data_type=s.data_type, dims=list(s.dims)))
-        if s.output_name not in outputs:
-            out.output.append(ModelOutput(name=s.output_name, data_type=s.data_type, dims=list(s.dims)))
-    return out
-
-
-def _config_type(datatype: str) -> DataType:
-    return DataType[api_to_config(datatype)]
 
 
 class SequenceState:

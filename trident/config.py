@@ -19,7 +19,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from trident.config_validation import ENSEMBLE_PLATFORM, validate_config
+from trident.config_validation import (
+    ENSEMBLE_PLATFORM,
+    INLINE_MODES,
+    INLINE_PARAMETER,
+    list_version_dirs,
+    validate_config,
+)
 from trident.errors import invalid_arg
 from trident.protocol import datatypes
 from trident.protocol.generated.inference import (
@@ -42,6 +48,8 @@ from trident.protocol.pbtxt import parse_pbtxt
 __all__ = [
     "CONFIG_FILENAME",
     "ENSEMBLE_PLATFORM",
+    "INLINE_MODES",
+    "INLINE_PARAMETER",
     "api_datatype",
     "complete_defaults",
     "config_from_json",
@@ -308,30 +316,6 @@ def api_datatype(data_type: DataType | int) -> str:
 
 
 # ---------------------------------------------------------------- versions
-
-
-def list_version_dirs(model_dir: Path) -> list[int]:
-    """Version numbers of ``model_dir``'s numeric sub-folders, ascending.
-
-    As Triton does, names that are not all digits and names with a leading ``0`` (other than
-    ``0`` itself) are ignored. A missing or unreadable folder has no versions.
-    """
-    versions: list[int] = []
-    try:
-        entries = list(os.scandir(model_dir))
-    except OSError:
-        return versions
-    for entry in entries:
-        name = entry.name
-        if not (name.isascii() and name.isdigit()) or (len(name) > 1 and name[0] == "0"):
-            continue
-        try:
-            if entry.is_dir():
-                versions.append(int(name))
-        except OSError:
-            continue
-    versions.sort()
-    return versions
 
 
 def select_versions(policy: ModelVersionPolicy | None, available: Iterable[int]) -> list[int]:

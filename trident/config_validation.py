@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path, PurePosixPath
 
 from trident.errors import TritonError, invalid_arg
@@ -25,6 +26,8 @@ from trident.protocol.generated.inference import (
 
 __all__ = ["ENSEMBLE_PLATFORM", "FILE_PARAMETERS", "confine_model_files", "validate_config"]
 
+INLINE_PARAMETER = "TRIDENT_INLINE_EXECUTION"  # where a model's batches run: auto (default) | always | never
+INLINE_MODES = ("auto", "always", "never")
 ENSEMBLE_PLATFORM = "ensemble"
 TENSORRT_PLATFORM = "tensorrt_plan"
 # known backends and the platforms they accept (Triton's GetBackendType / FromPlatform)
@@ -480,8 +483,6 @@ def confine_model_files(config: ModelConfig, model_dir: Path) -> None:
     filename = config.default_model_filename
     if filename:
         _check_file_name(filename, "default_model_filename", name)
-        from trident.config import list_version_dirs  # trident.config imports this module
-
         versions = [root / str(v) for v in list_version_dirs(root)] or [root / "1"]
         for version_dir in versions:
             if not _inside(version_dir.resolve(), (version_dir / filename).resolve()):
@@ -502,8 +503,6 @@ def confine_model_files(config: ModelConfig, model_dir: Path) -> None:
 
 
 def _validate_inline_parameter(config: ModelConfig) -> None:
-    from trident.config import INLINE_MODES, INLINE_PARAMETER
-
     param = config.parameters.get(INLINE_PARAMETER)
     if param is not None and param.string_value.strip().lower() not in INLINE_MODES:
         raise invalid_arg(f"parameter {INLINE_PARAMETER} of model '{config.name}' must be one of "
@@ -523,3 +522,27 @@ def _validate_label_files(config: ModelConfig, model_dir: Path) -> None:
             )
         if not path.is_file():
             raise invalid_arg(f"label file '{label}' of output '{output.name}' not found for {config.name}")
+
+
+def list_version_dirs(model_dir: Path) -> list[int]:
+    """Version numbers of ``model_dir``'s numeric sub-folders, ascending.
+
+    As Triton does, names that are not all digits and names with a leading ``0`` (other than
+    ``0`` itself) are ignored. A missing or unreadable folder has no versions.
+    """
+    versions: list[int] = []
+    try:
+        entries = list(os.scandir(model_dir))
+    except OSError:
+        return versions
+    for entry in entries:
+        name = entry.name
+        if not (name.isascii() and name.isdigit()) or (len(name) > 1 and name[0] == "0"):
+            continue
+        try:
+            if entry.is_dir():
+                versions.append(int(name))
+        except OSError:
+            continue
+    versions.sort()
+    return versions

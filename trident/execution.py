@@ -19,20 +19,20 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import outcome
 import trio
 
 from trident.backends import ModelInstance
+from trident.config import INLINE_MODES, INLINE_PARAMETER
 from trident.errors import Code, TritonError, internal
 from trident.protocol.classification import classify
-from trident.types import InferenceRequest, InferenceResponse, Tensor
+from trident.types import FLAG_ONLY, InferenceRequest, InferenceResponse, Tensor, TensorSpec
 
 if TYPE_CHECKING:
-    from trident.model import ModelVersion
+    from trident.stats import StatsRecorder
 
-FLAG_ONLY = "triton_flag_only"
 
 log = logging.getLogger("trident.execution")
 
@@ -219,8 +219,6 @@ class Pending:
         return self.request.cancelled
 
 
-INLINE_PARAMETER = "TRIDENT_INLINE_EXECUTION"  # auto (default) | always | never
-INLINE_MODES = ("auto", "always", "never")
 
 
 class InlineChoice:
@@ -364,10 +362,24 @@ def abandon_running_calls(server: Any) -> int:
     return total
 
 
+class ExecutedModel(Protocol):
+    """What a :class:`BatchExecutor` needs of the model version it executes (trident.model.ModelVersion)."""
+
+    name: str
+    version: int
+    decoupled: bool
+    max_batch_size: int
+    outputs: dict[str, TensorSpec]
+    stats: StatsRecorder
+    discarded: int
+
+    def on_drop(self, pending: Pending) -> None: ...
+
+
 class BatchExecutor:
     """Executes batches of one model version on its instances."""
 
-    def __init__(self, model: ModelVersion, inline_mode: str = "auto") -> None:
+    def __init__(self, model: ExecutedModel, inline_mode: str = "auto") -> None:
         self.model = model
         self.inline_mode = inline_mode
         self._threads: dict[int, InstanceThread] = {}

@@ -22,18 +22,19 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import trio
 
 from trident import config as cfg
 from trident.backends import Backend, LoadContext, ModelInstance
 from trident.batching import make_scheduler
+from trident.batching.admission import tensor_specs, validate_request
 from trident.batching.cache import request_key
 from trident.batching.instances import InstanceSpec, instance_specs
 from trident.batching.scheduler import Scheduler
 from trident.batching.warmup import WarmupSample, warm_up, warmup_samples
-from trident.errors import Code, TritonError, internal, invalid_arg, unavailable
-from trident.execution import INLINE_MODES, INLINE_PARAMETER, BatchExecutor, Pending
+from trident.config import INLINE_MODES, INLINE_PARAMETER
+from trident.errors import Code, TritonError, internal, unavailable
+from trident.execution import BatchExecutor, Pending
 from trident.model_metrics import observer_for
 from trident.protocol.generated.inference import ModelConfig
 from trident.stats import BACKEND, CANCELED, REJECTED, StatsRecorder
@@ -43,17 +44,6 @@ log = logging.getLogger("trident.model")
 
 SendResponse = Callable[[InferenceResponse], Awaitable[None]]
 READY_PROBE_TIMEOUT_SECS = 5.0  # Triton's timeout for a model's is_ready()
-
-
-class TensorSpec:
-    __slots__ = ("name", "datatype", "dims", "optional", "labels")
-
-    def __init__(self, name: str, datatype: str, dims: list[int], optional: bool = False) -> None:
-        self.name = name
-        self.datatype = datatype
-        self.dims = dims  # without the batch dimension
-        self.optional = optional
-        self.labels: list[str] | None = None
 
 
 class ModelVersion:
@@ -402,91 +392,6 @@ def inline_mode(config: ModelConfig) -> str:
     param = config.parameters.get(INLINE_PARAMETER)
     mode = param.string_value.strip().lower() if param is not None else ""
     return mode if mode in INLINE_MODES else "auto"
-
-
-def tensor_specs(config: ModelConfig, model_dir: Path) -> tuple[dict[str, TensorSpec], dict[str, TensorSpec]]:
-    """The specs of a config's inputs and outputs (output labels read from ``model_dir``)."""
-    inputs = {i.name: TensorSpec(i.name, cfg.api_datatype(i.data_type), list(i.dims), bool(i.optional))
-              for i in config.input}
-    outputs: dict[str, TensorSpec] = {}
-    for o in config.output:
-        spec = TensorSpec(o.name, cfg.api_datatype(o.data_type), list(o.dims))
-        if o.label_filename:
-            spec.labels = (model_dir / o.label_filename).read_text().splitlines()
-        outputs[o.name] = spec
-    return inputs, outputs
-
-
-def validate_request(name: str, max_batch_size: int, inputs: dict[str, TensorSpec],
-                     outputs: dict[str, TensorSpec], request: InferenceRequest) -> int:
-    """Check ``request`` against a model's inputs and outputs; return its batch size.
-
-    Raises TritonError(INVALID_ARG) with Triton's wording.
-    """
-    seen: set[str] = set()
-    batch = 1 if max_batch_size <= 0 else -1
-    for tensor in request.inputs:
-        spec = inputs.get(tensor.name)
-        if spec is None:
-            raise invalid_arg(f"unexpected inference input '{tensor.name}' for model '{name}'")
-        if tensor.name in seen:
-            raise invalid_arg(f"input '{tensor.name}' is specified more than once for model '{name}'")
-        seen.add(tensor.name)
-        if tensor.datatype != spec.datatype:
-            raise invalid_arg(
-                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
-                f"but model '{name}' expects '{spec.datatype}'"
-            )
-        shape = list(tensor.shape)
-        dims = shape
-        if max_batch_size > 0:
-            if not shape:
-                raise invalid_arg(
-                    f"input '{tensor.name}' for model '{name}' has no batch dimension (max_batch_size "
-                    f"{max_batch_size}); expected shape {[-1, *spec.dims]}"
-                )
-            if batch == -1:
-                batch = shape[0]
-            elif shape[0] != batch:
-                raise invalid_arg(f"input '{tensor.name}' batch size does not match other inputs for '{name}'")
-            dims = shape[1:]
-        if not _dims_match(dims, spec.dims):
-            expected = [-1, *spec.dims] if max_batch_size > 0 else spec.dims
-            raise invalid_arg(
-                f"unexpected shape for input '{tensor.name}' for model '{name}'. "
-                f"Expected {_fmt(expected)}, got {_fmt(shape)}"
-            )
-        if tensor.data.shape != tuple(tensor.shape) and tensor.data.size != int(np.prod(tensor.shape)):
-            raise invalid_arg(f"input '{tensor.name}' data does not match its shape {_fmt(shape)}")
-    missing = [n for n, s in inputs.items() if n not in seen and not s.optional]
-    if missing:
-        got = sorted(seen)
-        raise invalid_arg(
-            f"expected {len(inputs)} inputs but got {len(seen)} inputs for model '{name}'. "
-            f"Got input(s) {got}, but missing required input(s) {missing}. Please provide all required input(s)."
-        )
-    if max_batch_size > 0:
-        if batch < 1 and request.inputs:
-            raise invalid_arg(f"inference request batch-size must be >= 1 for '{name}'")
-        if batch > max_batch_size:
-            raise invalid_arg(f"inference request batch-size must be <= {max_batch_size} for '{name}'")
-    for wanted in request.outputs:
-        if wanted.name not in outputs:
-            raise invalid_arg(f"unexpected inference output '{wanted.name}' for model '{name}'")
-        k = wanted.parameters.get("classification")
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
-            raise invalid_arg(f"classification parameter of output '{wanted.name}' must be a non-negative integer")
-    return max(batch, 1)
-
-
-def _dims_match(shape: list[int], dims: list[int]) -> bool:
-    if len(shape) != len(dims):
-        return False
-    return all(d == -1 or d == s for s, d in zip(shape, dims, strict=True))
-
-
-def _fmt(shape: list[int]) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:

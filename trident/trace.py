@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trident.errors import invalid_arg
+from trident.errors import TritonError, invalid_arg
 
 _LEVELS = {"OFF", "TIMESTAMPS", "TENSORS"}
 _KEYS = ("trace_file", "trace_level", "trace_rate", "trace_count", "log_frequency", "trace_mode")
@@ -59,8 +59,6 @@ class TraceSettings:
     @classmethod
     def from_options(cls, options: Any) -> TraceSettings:
         """Settings with ``--trace-config`` applied; raises ValueError for a bad entry."""
-        from trident.tracing import parse_trace_config
-
         settings = cls()
         changes, _ = parse_trace_config(list(getattr(options, "trace_config", []) or []))
         if changes:
@@ -89,3 +87,55 @@ class TraceSettings:
                 self.global_settings[k] = v
         self.generation += 1
         return self.get(model)
+
+
+_GLOBAL_KEYS = {"rate": "trace_rate", "level": "trace_level", "count": "trace_count", "mode": "trace_mode"}
+_TRITON_KEYS = {"file": "trace_file", "log-frequency": "log_frequency", "log_frequency": "log_frequency"}
+_OTEL_KEYS = {"url", "resource", "bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size"}
+
+
+def parse_trace_config(entries: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``--trace-config`` values as (trace setting changes, OpenTelemetry settings).
+
+    ``<key>=<value>`` sets rate, level (repeatable), count or mode; ``triton,file=...`` and
+    ``triton,log-frequency=...`` the trace file; ``opentelemetry,url=...`` (and resource,
+    bsp_*) the exporter. Raises ValueError for a bad entry, and when the OpenTelemetry mode is
+    asked for without the opentelemetry packages.
+    """
+    changes: dict[str, Any] = {}
+    otel: dict[str, str] = {}
+    for entry in entries:
+        head, sep, value = entry.partition("=")
+        section, _, key = head.rpartition(",")
+        if not sep or not key:
+            raise ValueError(f"--trace-config expects [<mode>,]<setting>=<value>, got '{entry}'")
+        if section == "opentelemetry":
+            if key not in _OTEL_KEYS:
+                raise ValueError(f"unknown --trace-config opentelemetry setting '{key}'")
+            otel[key] = value
+        elif section in ("", "triton") and key in _TRITON_KEYS:
+            changes[_TRITON_KEYS[key]] = value
+        elif section == "" and key in _GLOBAL_KEYS:
+            name = _GLOBAL_KEYS[key]
+            if name == "trace_level":
+                changes.setdefault(name, [])
+                if value != "OFF":
+                    changes[name].append(value)
+            else:
+                changes[name] = value
+        else:
+            raise ValueError(f"unknown --trace-config setting '{entry}'")
+    if changes.get("trace_level") == []:
+        changes["trace_level"] = "OFF"
+    try:
+        TraceSettings().update("", changes)
+    except TritonError as e:
+        raise ValueError(f"--trace-config: {e.message}") from None
+    if changes.get("trace_mode") == "opentelemetry":
+        try:
+            import opentelemetry.exporter.otlp.proto.http.trace_exporter  # type: ignore[import-not-found]  # noqa: F401
+            import opentelemetry.sdk.trace  # type: ignore[import-not-found]  # noqa: F401
+        except ImportError:
+            raise ValueError("--trace-config mode=opentelemetry needs the opentelemetry-sdk and "
+                             "opentelemetry-exporter-otlp-proto-http packages") from None
+    return changes, otel

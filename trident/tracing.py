@@ -25,70 +25,26 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from trident.errors import TritonError
 from trident.trace import TraceSettings
+from trident.trace import parse_trace_config as parse_trace_config  # re-exported
 
 if TYPE_CHECKING:
-    from trident.execution import Pending
-    from trident.types import InferenceResponse, Tensor
+    from trident.types import InferenceRequest, InferenceResponse, Tensor
+
+
+class Traced(Protocol):
+    """What a trace needs of a finished request (trident.execution.Pending)."""
+
+    request: InferenceRequest
+    enqueued_ns: int
+    exec_ns: tuple[int, int, int, int] | None
+
 
 log = logging.getLogger("trident.tracing")
-
-_GLOBAL_KEYS = {"rate": "trace_rate", "level": "trace_level", "count": "trace_count", "mode": "trace_mode"}
-_TRITON_KEYS = {"file": "trace_file", "log-frequency": "log_frequency", "log_frequency": "log_frequency"}
-_OTEL_KEYS = {"url", "resource", "bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size"}
-
-
-def parse_trace_config(entries: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """``--trace-config`` values as (trace setting changes, OpenTelemetry settings).
-
-    ``<key>=<value>`` sets rate, level (repeatable), count or mode; ``triton,file=...`` and
-    ``triton,log-frequency=...`` the trace file; ``opentelemetry,url=...`` (and resource,
-    bsp_*) the exporter. Raises ValueError for a bad entry, and when the OpenTelemetry mode is
-    asked for without the opentelemetry packages.
-    """
-    changes: dict[str, Any] = {}
-    otel: dict[str, str] = {}
-    for entry in entries:
-        head, sep, value = entry.partition("=")
-        section, _, key = head.rpartition(",")
-        if not sep or not key:
-            raise ValueError(f"--trace-config expects [<mode>,]<setting>=<value>, got '{entry}'")
-        if section == "opentelemetry":
-            if key not in _OTEL_KEYS:
-                raise ValueError(f"unknown --trace-config opentelemetry setting '{key}'")
-            otel[key] = value
-        elif section in ("", "triton") and key in _TRITON_KEYS:
-            changes[_TRITON_KEYS[key]] = value
-        elif section == "" and key in _GLOBAL_KEYS:
-            name = _GLOBAL_KEYS[key]
-            if name == "trace_level":
-                changes.setdefault(name, [])
-                if value != "OFF":
-                    changes[name].append(value)
-            else:
-                changes[name] = value
-        else:
-            raise ValueError(f"unknown --trace-config setting '{entry}'")
-    if changes.get("trace_level") == []:
-        changes["trace_level"] = "OFF"
-    try:
-        TraceSettings().update("", changes)
-    except TritonError as e:
-        raise ValueError(f"--trace-config: {e.message}") from None
-    if changes.get("trace_mode") == "opentelemetry":
-        try:
-            import opentelemetry.exporter.otlp.proto.http.trace_exporter  # type: ignore[import-not-found]  # noqa: F401
-            import opentelemetry.sdk.trace  # type: ignore[import-not-found]  # noqa: F401
-        except ImportError:
-            raise ValueError("--trace-config mode=opentelemetry needs the opentelemetry-sdk and "
-                             "opentelemetry-exporter-otlp-proto-http packages") from None
-    return changes, otel
-
 
 @dataclass
 class RequestTrace:
@@ -196,7 +152,7 @@ class Tracer:
 
     # ---- completion ----------------------------------------------------------------------
 
-    def complete(self, trace: RequestTrace, pending: Pending, response: InferenceResponse | None) -> None:
+    def complete(self, trace: RequestTrace, pending: Traced, response: InferenceResponse | None) -> None:
         """The traced request ended (answered, failed or cancelled): record its timestamps."""
         end = time.monotonic_ns()
         stamps = [("REQUEST_START", pending.request.arrival_ns), ("QUEUE_START", pending.enqueued_ns)]

@@ -99,6 +99,10 @@ class InferenceRequest:
         self.cancelled = True
 
 
+#: the parameter that marks a flag-only final response (no outputs, only the final flag)
+FLAG_ONLY = "triton_flag_only"
+
+
 @dataclass(eq=False)
 class InferenceResponse:
     """A response (or one of the 0..N responses of a decoupled model).
@@ -120,3 +124,16 @@ class InferenceResponse:
             if t.name == name:
                 return t
         return None
+
+
+class TensorSpec:
+    """A model input or output as its config declares it (``labels``: its classification labels)."""
+
+    __slots__ = ("name", "datatype", "dims", "optional", "labels")
+
+    def __init__(self, name: str, datatype: str, dims: list[int], optional: bool = False) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.dims = dims  # without the batch dimension
+        self.optional = optional
+        self.labels: list[str] | None = None

@@ -14,13 +14,12 @@ import numpy as np
 
 from trident.backends.python import pb_utils
 from trident.errors import Code, TritonError, internal
-from trident.types import InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
+from trident.types import FLAG_ONLY, InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
 
 #: request parameters Triton consumes itself; models see the others through parameters()
 RESERVED_PARAMETERS = frozenset(
     {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
 )
-FLAG_ONLY = "triton_flag_only"  # trident.execution.FLAG_ONLY: marks a flag-only final response
 
 
 def bytes_array(array: np.ndarray) -> np.ndarray:

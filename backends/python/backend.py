@@ -38,13 +38,13 @@ import json
 import logging
 import re
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trident.backends.base import Backend, LoadContext, ModelInstance
 from trident.backends.python import _aio, _convert, _loader, pb_utils
 from trident.backends.python._aio import InstanceLoop
+from trident.backends.python._execution import InstanceIdentity, execution_options
 from trident.errors import TritonError, internal, invalid_arg, unsupported
 from trident.types import InferenceRequest, InferenceResponse
 
@@ -57,44 +57,6 @@ _UNSUPPORTED_PARAMETERS = {"EXECUTION_ENV_PATH": "custom execution environments 
 
 #: config.pbtxt parameters of the Python backend (``--backend-config=python,<key>=<v>`` in
 #: lower case with dashes sets a server-wide default, e.g. ``execution-mode=process``)
-EXECUTION_MODE = "TRIDENT_EXECUTION_MODE"  # "thread" (default) or "process"
-EXECUTE_TIMEOUT = "TRIDENT_EXECUTE_TIMEOUT_SECS"  # process mode: kill and restart after this (0: never)
-SHM_BYTES = "TRIDENT_SHM_BYTES"  # process mode: bytes of each shared-memory ring (default 8 MiB)
-_MODES = ("thread", "process")
-
-
-@dataclass(frozen=True)
-class ExecutionOptions:
-    mode: str = "thread"
-    execute_timeout: float = 0.0
-    shm_bytes: int = 8 << 20
-
-
-def execution_options(config: ModelConfig, backend_config: dict[str, str] | None = None) -> ExecutionOptions:
-    """The execution mode and its settings for a model: config parameters first, then
-    ``--backend-config=python,...`` defaults. Raises TritonError(INVALID_ARG) for bad values."""
-    defaults = backend_config or {}
-
-    def value(key: str) -> str:
-        param = config.parameters.get(key)
-        if param is not None and param.string_value.strip():
-            return param.string_value.strip()
-        return defaults.get(key.removeprefix("TRIDENT_").lower().replace("_", "-"), "").strip()
-
-    name = config.name
-    mode = (value(EXECUTION_MODE) or "thread").lower()
-    if mode not in _MODES:
-        raise invalid_arg(f"model '{name}': {EXECUTION_MODE} must be 'thread' or 'process', got '{mode}'")
-    try:
-        timeout = float(value(EXECUTE_TIMEOUT) or 0)
-        shm = int(value(SHM_BYTES) or value("SHM_DEFAULT_BYTE_SIZE") or (8 << 20))
-    except ValueError as e:
-        raise invalid_arg(f"model '{name}': bad execution parameter: {e}") from None
-    if timeout < 0 or shm < 4096:
-        raise invalid_arg(f"model '{name}': {EXECUTE_TIMEOUT} must be >= 0 and {SHM_BYTES} >= 4096")
-    return ExecutionOptions(mode, timeout, shm)
-
-
 _OWN_FILES = frozenset({__file__, _loader.__file__, _aio.__file__})
 _PLUMBING = ("<frozen", str(Path(asyncio.__file__).parent), str(Path(concurrent.futures.__file__).parent))
 
@@ -126,24 +88,6 @@ def _calls_the_server(module: Any) -> bool:
 
 def _model_file(config: ModelConfig, folder: Path) -> Path:
     return folder / (config.default_model_filename or PythonBackend.default_model_filename)
-
-
-@dataclass(frozen=True)
-class InstanceIdentity:
-    """What an instance needs to know about its model, as plain values (the model process of
-    the isolated mode gets it without the config stack)."""
-
-    model_name: str
-    version: int
-    instance_name: str
-    decoupled: bool
-    outputs: tuple[str, ...]
-
-    @classmethod
-    def of(cls, ctx: LoadContext) -> InstanceIdentity:
-        policy = ctx.config.model_transaction_policy
-        return cls(ctx.model_name, ctx.version, ctx.instance_name or f"{ctx.model_name}_0",
-                   bool(policy and policy.decoupled), tuple(o.name for o in ctx.config.output))
 
 
 class PythonInstance(ModelInstance):

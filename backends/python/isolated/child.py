@@ -321,7 +321,8 @@ class ModelProcess:
                 return
 
     def _init(self, model_file: str, identity: dict[str, Any], args: dict[str, str], level: int) -> None:
-        from trident.backends.python.backend import InstanceIdentity, load_in_this_process
+        from trident.backends.python._execution import InstanceIdentity
+        from trident.backends.python.backend import load_in_this_process
 
         logging.getLogger("trident.model").setLevel(level)  # forward only what the server logs
 

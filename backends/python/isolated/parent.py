@@ -28,7 +28,7 @@ import numpy as np
 from trident.backends.base import LoadContext, ModelInstance
 from trident.backends.metrics import Family, Series, custom_metrics_for
 from trident.backends.python import pb_utils
-from trident.backends.python.backend import ExecutionOptions, InstanceIdentity
+from trident.backends.python._execution import ExecutionOptions, InstanceIdentity
 from trident.backends.python.isolated import channel as wire
 from trident.errors import Code, TritonError, internal
 from trident.types import InferenceRequest, InferenceResponse

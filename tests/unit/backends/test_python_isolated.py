@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from trident.backends.metrics import custom_metrics_for
-from trident.backends.python.backend import execution_options
+from trident.backends.python._execution import execution_options
 from trident.backends.python.isolated.parent import IsolatedInstance
 from trident.errors import Code, TritonError
 from trident.options import ServerOptions

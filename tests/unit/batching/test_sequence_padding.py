@@ -9,9 +9,10 @@ import pytest
 import trio
 import trio.testing
 
+from trident.backends.sequence_io import controls_of
 from trident.batching.sequence import NullResponder, SequenceScheduler, _SequenceInstance
 from trident.batching.sequence_rules import direct_layout
-from trident.batching.state import SequenceState, StateSpec, controls_of, null_inputs
+from trident.batching.state import SequenceState, StateSpec, null_inputs
 from trident.errors import TritonError
 from trident.execution import Pending
 from trident.protocol.pbtxt import parse_pbtxt

@@ -7,17 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trident.batching.state import (
-    CORRID,
-    END,
-    READY,
-    START,
-    SequenceState,
-    control_tensor,
-    controls_of,
-    states_of,
-    with_sequence_io,
-)
+from trident.backends.sequence_io import CORRID, END, READY, START, controls_of, with_sequence_io
+from trident.batching.state import SequenceState, control_tensor, states_of
 from trident.errors import TritonError
 from trident.protocol.pbtxt import parse_pbtxt
 from trident.types import Tensor

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from trident.batching.merge import batch_sizes, merge_inputs, split_outputs
+from trident.backends.merge import batch_sizes, merge_inputs, split_outputs
 from trident.errors import TritonError
 from trident.types import InferenceRequest, Tensor
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trident.batching.ragged import batch_input_array, batch_input_tensors, merge_ragged
+from trident.backends.ragged import batch_input_array, batch_input_tensors, merge_ragged
 from trident.errors import TritonError
 from trident.protocol.generated.inference import BatchInput, BatchInputKind, DataType
 from trident.types import InferenceRequest, Tensor

@@ -1,0 +1,68 @@
+"""How a Python model instance runs: its execution mode and settings, and its identity.
+
+Shared by the in-process instance (:mod:`.backend`) and the process-isolated one
+(:mod:`.isolated.parent`), which the model process receives as plain values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trident.backends.base import LoadContext
+from trident.errors import invalid_arg
+from trident.protocol.generated.inference import ModelConfig
+
+EXECUTION_MODE = "TRIDENT_EXECUTION_MODE"  # "thread" (default) or "process"
+EXECUTE_TIMEOUT = "TRIDENT_EXECUTE_TIMEOUT_SECS"  # process mode: kill and restart after this (0: never)
+SHM_BYTES = "TRIDENT_SHM_BYTES"  # process mode: bytes of each shared-memory ring (default 8 MiB)
+_MODES = ("thread", "process")
+
+
+@dataclass(frozen=True)
+class ExecutionOptions:
+    mode: str = "thread"
+    execute_timeout: float = 0.0
+    shm_bytes: int = 8 << 20
+
+
+def execution_options(config: ModelConfig, backend_config: dict[str, str] | None = None) -> ExecutionOptions:
+    """The execution mode and its settings for a model: config parameters first, then
+    ``--backend-config=python,...`` defaults. Raises TritonError(INVALID_ARG) for bad values."""
+    defaults = backend_config or {}
+
+    def value(key: str) -> str:
+        param = config.parameters.get(key)
+        if param is not None and param.string_value.strip():
+            return param.string_value.strip()
+        return defaults.get(key.removeprefix("TRIDENT_").lower().replace("_", "-"), "").strip()
+
+    name = config.name
+    mode = (value(EXECUTION_MODE) or "thread").lower()
+    if mode not in _MODES:
+        raise invalid_arg(f"model '{name}': {EXECUTION_MODE} must be 'thread' or 'process', got '{mode}'")
+    try:
+        timeout = float(value(EXECUTE_TIMEOUT) or 0)
+        shm = int(value(SHM_BYTES) or value("SHM_DEFAULT_BYTE_SIZE") or (8 << 20))
+    except ValueError as e:
+        raise invalid_arg(f"model '{name}': bad execution parameter: {e}") from None
+    if timeout < 0 or shm < 4096:
+        raise invalid_arg(f"model '{name}': {EXECUTE_TIMEOUT} must be >= 0 and {SHM_BYTES} >= 4096")
+    return ExecutionOptions(mode, timeout, shm)
+
+
+@dataclass(frozen=True)
+class InstanceIdentity:
+    """What an instance needs to know about its model, as plain values (the model process of
+    the isolated mode gets it without the config stack)."""
+
+    model_name: str
+    version: int
+    instance_name: str
+    decoupled: bool
+    outputs: tuple[str, ...]
+
+    @classmethod
+    def of(cls, ctx: LoadContext) -> InstanceIdentity:
+        policy = ctx.config.model_transaction_policy
+        return cls(ctx.model_name, ctx.version, ctx.instance_name or f"{ctx.model_name}_0",
+                   bool(policy and policy.decoupled), tuple(o.name for o in ctx.config.output))
