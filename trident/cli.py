@@ -141,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
                                        "tritonserver flag is accepted; the ones that mean nothing here are logged "
                                        "as ignored at start-up, with the reason.")
     add_serve_arguments(serve)
+    from trident.perf.options import add_perf_arguments
+
+    perf = sub.add_parser("perf", help="measure a model's throughput and latency (perf_analyzer's flags and report)",
+                          formatter_class=_HelpFormatter,
+                          description="Load generator and latency report for trident or Triton, with "
+                                      "perf_analyzer's flags, report and CSV layout.")
+    add_perf_arguments(perf)
     return parser
 
 
@@ -390,10 +397,28 @@ def tritonserver_main(argv: Sequence[str] | None = None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "perf":
+        return _perf(args)
     if args.command != "serve":
         parser.print_help()
         return 2
     return _serve(args, "trident")
+
+
+def _perf(args: argparse.Namespace) -> int:
+    """``trident perf``: a failure is one line on stderr and exit status 1 (as perf_analyzer)."""
+    from trident.perf.engine import run_perf
+    from trident.perf.options import perf_options
+    from trident.perf.wire import PerfError
+
+    try:
+        return run_perf(perf_options(args))
+    except PerfError as e:
+        sys.stderr.write(f"trident perf: error: {e}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("trident perf: interrupted\n")
+        return 130
 
 
 def _serve(args: argparse.Namespace, prog: str) -> int:

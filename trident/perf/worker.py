@@ -1,0 +1,350 @@
+"""A load-generator worker process: non-blocking sockets on one epoll loop, no framework.
+
+The parent (:mod:`trident.perf.engine`) starts one or more of these with
+:func:`serve_worker` and drives them over a pipe:
+
+* ``("concurrency", n)``: keep ``n`` requests outstanding, one per keep-alive connection;
+* ``("rate", per_second, distribution, seed, max_connections)``: send on a schedule (constant
+  or Poisson), on the first idle connection, opening more up to ``max_connections``; a request
+  that finds none waits and counts as delayed;
+* ``("pause",)``: start nothing new, finish what is in flight, then answer ``("paused", ...)``;
+* ``("stop",)``: close the connections and exit.
+
+While running it sends ``("records", array bytes, cpu seconds, delayed, now_ns, error)`` about
+every 50 ms: the requests that finished since the last report (see
+:mod:`trident.perf.measure` for the layout), its own CPU time, and the first error message.
+The request bytes are built once by the parent (:mod:`trident.perf.wire`) and sent unchanged.
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+import selectors
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+from trident.perf.wire import H2Connection, HTTPResponseReader, PerfError, decode_fields, grpc_messages
+
+__all__ = ["WorkerSpec", "serve_worker"]
+
+_FLUSH_NS = 50_000_000
+_RECV = 1 << 18
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker sends and where: ``protocol`` is ``http``, ``grpc`` or ``stream``;
+    ``payloads`` are whole HTTP requests, or serialized ``ModelInferRequest`` messages, sent in
+    turn (one per ``--input-data`` entry)."""
+
+    protocol: str
+    host: str
+    port: int
+    payloads: tuple[bytes, ...]
+    connect_timeout_s: float = 5.0
+
+
+class _Conn:
+    __slots__ = ("sock", "http", "h2", "stream", "busy", "start", "sent", "first", "out", "msgbuf")
+
+    def __init__(self, sock: socket.socket, spec: WorkerSpec) -> None:
+        self.sock = sock
+        self.http = HTTPResponseReader() if spec.protocol == "http" else None
+        self.h2 = H2Connection(f"{spec.host}:{spec.port}", collect_messages=spec.protocol == "stream") \
+            if spec.protocol != "http" else None
+        self.stream = 0
+        self.busy = False
+        self.start = self.sent = self.first = 0
+        self.out = b""
+        self.msgbuf = bytearray()
+
+
+class _Worker:
+    def __init__(self, conn: Connection, spec: WorkerSpec) -> None:
+        self.pipe = conn
+        self.spec = spec
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(conn.fileno(), selectors.EVENT_READ, None)
+        self.conns: list[_Conn] = []
+        self.idle: deque[_Conn] = deque()
+        self.records: list[tuple[int, int, int, int, int]] = []
+        self.error = ""
+        self.delayed = 0
+        self.payloads = spec.payloads
+        self.turn = 0
+        self.busy = 0  # requests in flight
+        self.backlog = 0  # rate mode: scheduled requests waiting for a connection
+        self.mode = "idle"
+        self.target = 0
+        self.rate = 0.0
+        self.poisson = False
+        self.rng = random.Random(0)
+        self.next_send = 0
+        self.max_conns = 1
+        self.pausing = False
+        self.last_flush = time.monotonic_ns()
+        self.cpu_mark = time.process_time()
+
+    # -- connections
+
+    def _open(self) -> _Conn:
+        try:
+            sock = socket.create_connection((self.spec.host, self.spec.port), timeout=self.spec.connect_timeout_s)
+        except OSError as e:
+            raise PerfError(f"cannot connect to {self.spec.host}:{self.spec.port}: {e.strerror or e}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        c = _Conn(sock, self.spec)
+        if c.h2 is not None:
+            c.out = c.h2.initiate()
+            if self.spec.protocol == "stream":
+                c.stream = c.h2.start("/inference.GRPCInferenceService/ModelStreamInfer")
+                c.out += c.h2.outgoing()
+        self.sel.register(sock, selectors.EVENT_READ, c)
+        self.conns.append(c)
+        return c
+
+    def _drop(self, c: _Conn, why: str) -> None:
+        if c.busy:
+            self._finish(c, ok=False, message=why)
+        try:
+            self.sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        c.sock.close()
+        if c in self.conns:
+            self.conns.remove(c)
+        if c in self.idle:
+            self.idle.remove(c)
+
+    # -- requests
+
+    def _send(self, c: _Conn) -> None:
+        c.busy = True
+        self.busy += 1
+        c.first = 0
+        c.start = time.monotonic_ns()
+        payload = self.payloads[self.turn]
+        self.turn = (self.turn + 1) % len(self.payloads)
+        if c.h2 is None:
+            data = payload
+        elif self.spec.protocol == "grpc":
+            c.stream = c.h2.start("/inference.GRPCInferenceService/ModelInfer")
+            c.h2.send_message(c.stream, payload, end=True)
+            data = c.out + c.h2.outgoing()
+            c.out = b""
+        else:
+            c.h2.send_message(c.stream, payload, end=False)
+            data = c.out + c.h2.outgoing()
+            c.out = b""
+        self._write(c, data)
+        c.sent = time.monotonic_ns()
+
+    def _write(self, c: _Conn, data: bytes) -> None:
+        if c.out:
+            data = c.out + data
+            c.out = b""
+        try:
+            n = c.sock.send(data)
+        except BlockingIOError:
+            n = 0
+        except OSError as e:
+            self._drop(c, f"send failed: {e.strerror or e}")
+            return
+        if n < len(data):
+            c.out = data[n:]
+            self.sel.modify(c.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, c)
+
+    def _finish(self, c: _Conn, ok: bool, message: str = "") -> None:
+        end = time.monotonic_ns()
+        self.records.append((c.start, c.sent, c.first or end, end, 1 if ok else 0))
+        if not ok and not self.error:
+            self.error = message
+        c.busy = False
+        self.busy -= 1
+
+    def _readable(self, c: _Conn) -> None:
+        try:
+            data = c.sock.recv(_RECV)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            self._drop(c, f"receive failed: {e.strerror or e}")
+            return
+        if not data:
+            self._drop(c, "the server closed the connection")
+            return
+        if c.busy and not c.first:
+            c.first = time.monotonic_ns()
+        try:
+            if c.http is not None:
+                for status, body in c.http.feed(data):
+                    self._finish(c, status == 200, f"HTTP {status}: {body.decode(errors='replace')}")
+                    self._next(c)
+            elif self.spec.protocol == "grpc":
+                for ev in c.h2.receive(data):  # type: ignore[union-attr]
+                    if ev.stream == c.stream and c.busy:
+                        self._finish(c, ev.status == 0, f"gRPC status {ev.status}: {ev.message}")
+                        self._next(c)
+                out = c.h2.outgoing()  # type: ignore[union-attr]
+                if out:
+                    self._write(c, out)
+            else:
+                self._stream_data(c, data)
+        except PerfError as e:
+            self._drop(c, str(e))
+
+    def _stream_data(self, c: _Conn, data: bytes) -> None:
+        h2 = c.h2
+        assert h2 is not None
+        for ev in h2.receive(data):
+            if ev.stream == c.stream:
+                self._drop(c, f"the stream ended: gRPC status {ev.status}: {ev.message}")
+                return
+        buf = h2.messages.get(c.stream)
+        if buf:
+            for msg in grpc_messages(buf):
+                f = decode_fields(msg)
+                err = f.get(1, [b""])[0]
+                if isinstance(err, bytes) and err:
+                    if c.busy:
+                        self._finish(c, False, f"stream error: {err.decode(errors='replace')}")
+                        self._next(c)
+                    continue
+                if _final(f) and c.busy:
+                    self._finish(c, True)
+                    self._next(c)
+        out = h2.outgoing()
+        if out:
+            self._write(c, out)
+
+    def _next(self, c: _Conn) -> None:
+        if c not in self.conns:
+            return
+        if self.mode == "concurrency" and not self.pausing and self.busy < self.target:
+            self._send(c)
+            return
+        if self.mode == "rate" and not self.pausing and self.backlog:
+            self.backlog -= 1
+            self._send(c)
+            return
+        self.idle.append(c)
+
+    # -- commands
+
+    def _command(self, msg: tuple) -> bool:  # type: ignore[type-arg]
+        kind = msg[0]
+        if kind == "stop":
+            return False
+        if kind == "pause":
+            self.pausing = True
+            self.backlog = 0
+        elif kind == "concurrency":
+            self.mode, self.target, self.pausing = "concurrency", int(msg[1]), False
+            while len(self.conns) < self.target:
+                self.idle.append(self._open())
+            while self.busy < self.target and self.idle:
+                self._send(self.idle.popleft())
+        elif kind == "rate":
+            self.mode, self.rate, self.pausing = "rate", float(msg[1]), False
+            self.poisson = msg[2] == "poisson"
+            self.rng = random.Random(int(msg[3]))
+            self.max_conns = int(msg[4])
+            self.next_send = time.monotonic_ns()
+            if not self.conns:
+                self.idle.append(self._open())
+        return True
+
+    def _schedule(self, now: int) -> None:
+        while self.next_send <= now:
+            gap = self.rng.expovariate(self.rate) if self.poisson else 1.0 / self.rate
+            self.next_send += int(gap * 1e9)
+            if self.idle:
+                self._send(self.idle.popleft())
+            elif len(self.conns) < self.max_conns:
+                self._send(self._open())
+            else:
+                self.delayed += 1
+                self.backlog += 1
+
+    def _flush(self, now: int, kind: str = "records") -> None:
+        arr = np.array(self.records, dtype=np.int64).reshape(-1, 5)
+        self.records = []
+        cpu = time.process_time()
+        self.pipe.send((kind, arr.tobytes(), cpu - self.cpu_mark, self.delayed, now, self.error))
+        self.cpu_mark = cpu
+        self.delayed = 0
+        self.error = ""
+        self.last_flush = now
+
+    def run(self) -> None:
+        running = True
+        while running:
+            now = time.monotonic_ns()
+            timeout = max(0, self.last_flush + _FLUSH_NS - now)
+            if self.mode == "rate" and not self.pausing:
+                timeout = min(timeout, max(0, self.next_send - now))
+            for key, mask in self.sel.select(timeout / 1e9):
+                c = key.data
+                if c is None:
+                    try:
+                        running = self._command(self.pipe.recv())
+                    except PerfError as e:
+                        self.error = self.error or str(e)
+                        self._flush(time.monotonic_ns(), "failed")
+                        self.mode = "idle"
+                    except EOFError:
+                        running = False
+                    continue
+                if mask & selectors.EVENT_WRITE and c.out:
+                    data, c.out = c.out, b""
+                    self.sel.modify(c.sock, selectors.EVENT_READ, c)
+                    self._write(c, data)
+                if mask & selectors.EVENT_READ and c in self.conns:
+                    self._readable(c)
+            now = time.monotonic_ns()
+            if self.mode == "rate" and not self.pausing:
+                try:
+                    self._schedule(now)
+                except PerfError as e:
+                    self.error = self.error or str(e)
+            if self.pausing and self.mode != "idle" and not self.busy:
+                self._flush(now, "paused")
+                self.mode, self.pausing = "idle", False
+                continue
+            if now - self.last_flush >= _FLUSH_NS and self.mode != "idle":
+                self._flush(now)
+        for c in list(self.conns):
+            c.sock.close()
+
+
+def _final(fields: dict[int, list[object]]) -> bool:
+    """Whether a ``ModelStreamInferResponse`` is a request's last (``triton_final_response``
+    true, or absent: a model that is not decoupled answers once)."""
+    inner = fields.get(2, [b""])[0]
+    if not isinstance(inner, bytes):
+        return True
+    for entry in decode_fields(inner).get(4, []):
+        kv = decode_fields(entry)  # type: ignore[arg-type]
+        if kv.get(1, [b""])[0] == b"triton_final_response":
+            value = decode_fields(kv.get(2, [b""])[0])  # type: ignore[arg-type]
+            return bool(value.get(1, [0])[0])
+    return True
+
+
+def serve_worker(conn: Connection, spec: WorkerSpec) -> None:
+    """Process entry point: run commands from ``conn`` until ``stop`` or the pipe closes.
+    A failure to connect is reported as a ``failed`` message; nothing is raised."""
+    try:
+        _Worker(conn, spec).run()
+    except KeyboardInterrupt:
+        pass
+    except OSError as e:
+        if e.errno != errno.EPIPE:
+            raise
