@@ -29,13 +29,12 @@ from urllib.parse import unquote
 import trio
 
 from trident.errors import Code, TritonError, http_status
-from trident.execution import FLAG_ONLY
 from trident.http.generate import ClientGone
 from trident.http.infer import HTTPError
 from trident.openai import api
 from trident.openai.template import Assets, load_assets
 from trident.protocol import kserve
-from trident.types import InferenceRequest, InferenceResponse
+from trident.types import FLAG_ONLY, InferenceRequest, InferenceResponse
 
 if TYPE_CHECKING:
     from trident.server import Server
