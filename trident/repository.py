@@ -12,6 +12,15 @@ did not load themselves; unloading a composing model unloads the ensembles that 
 loading it again through the API brings them back. The
 repository also owns the server-wide rate limiter (``--rate-limit``) and
 response cache (``--cache-config``) its model versions share.
+
+Repository agents (``model_repository_agents`` in a model's config) run around a load in
+worker threads (:mod:`trident.agents.lifecycle`): LOAD before the config is prepared (an agent
+may hand over a copy of the files, which the config is then read from), LOAD_COMPLETE or
+LOAD_FAIL after, UNLOAD before the versions stop and UNLOAD_COMPLETE after, then their copies
+are removed. A ``--model-repository`` in object storage (``s3://``, ``gs://``, ``as://``,
+:mod:`trident.cloud_repository`) is listed in a worker thread at start-up, at each poll and
+when an explicit load names a model not seen yet; each load downloads the model to a fresh
+local folder, removed after unload, and polling reloads a model only when its objects changed.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -29,12 +39,16 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import trio
 
 from trident import config as cfg
+from trident.agents import agent_specs, check_agents
+from trident.agents.convert import CACHE_DIR_NAME
+from trident.agents.lifecycle import AgentChain, open_chain
 from trident.backends import Backend, backend_name_for, get_backend
 from trident.batching.cache import ResponseCache, parse_cache_config
 from trident.batching.ensemble import EnsembleVersion
 from trident.batching.ensemble_plan import EnsemblePlan, build_plan, version_string
 from trident.batching.instances import counts_only_change
 from trident.batching.rate_limiter import RateLimiter
+from trident.cloud_repository import CloudRepository, Fingerprint, is_cloud_url
 from trident.config_validation import ENSEMBLE_PLATFORM, confine_model_files, validate_config
 from trident.devices import gpu_count
 from trident.errors import Code, TritonError, internal, invalid_arg, not_found, unavailable, unsupported
@@ -50,6 +64,21 @@ log = logging.getLogger("trident.repository")
 #: what the repository serves: a model version, or an ensemble version that runs others
 Served: TypeAlias = ModelVersion | EnsembleVersion
 
+CLOUD_CACHE_ENV = "TRIDENT_CLOUD_CACHE_DIR"  # parent folder of the local copies of cloud models
+
+
+@dataclass(frozen=True)
+class RemoteModel:
+    """A model folder in a cloud repository (what :meth:`ModelRepository.scan` finds there)."""
+
+    url: str
+    name: str
+    repo: CloudRepository = field(compare=False, hash=False, repr=False)
+
+
+#: where a model's files are: a local folder, or a folder in object storage
+Source: TypeAlias = Path | RemoteModel
+
 @dataclass
 class IndexEntry:
     """One row of the repository index (Triton's RepositoryIndex)."""
@@ -63,7 +92,7 @@ class IndexEntry:
 @dataclass
 class _Record:
     name: str
-    path: Path | None
+    path: Source | None
     versions: dict[int, Served] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason; -1: the whole model
     unloaded: set[int] = field(default_factory=set)
@@ -79,6 +108,8 @@ class _Record:
     suspended: list[str] = field(default_factory=list)
     #: the config (and files) of the last load API call that had one, kept for reloads
     override: tuple[str, dict[str, bytes] | None] | None = None
+    #: the repository agents of the serving versions (None without agents)
+    agents: AgentChain | None = None
 
 
 def _is_json_object(text: str) -> bool:
@@ -96,6 +127,8 @@ def _without_config(fingerprint: tuple[Any, ...]) -> tuple[Any, ...]:
 def _fingerprint(model_dir: Path) -> tuple[Any, ...]:
     entries = []
     for p in sorted(model_dir.rglob("*")):
+        if p.relative_to(model_dir).parts[0] == CACHE_DIR_NAME:
+            continue  # the convert agent's cache, written next to the model by its load
         try:
             st = p.stat()
         except OSError:
@@ -128,14 +161,45 @@ class ModelRepository:
         self.rate_limiter = RateLimiter.from_options(options)
         self.response_cache = ResponseCache.from_config(parse_cache_config(getattr(options, "cache_config", ())))
         self._ensemble_loads = trio.Lock()
+        #: worker threads for repository agents, cloud listing and downloads, file removal
+        self._io_limiter = trio.CapacityLimiter(max(2, options.model_load_thread_count))
+        cloud_urls = [u for u in options.model_repositories if is_cloud_url(u)]
+        self._cloud_cache: Path | None = None
+        self._clouds: list[CloudRepository] = []
+        if cloud_urls:
+            parent = os.environ.get(CLOUD_CACHE_ENV) or None
+            if parent:
+                Path(parent).mkdir(parents=True, exist_ok=True)
+            self._cloud_cache = Path(tempfile.mkdtemp(prefix="trident-cloud-", dir=parent))
+            for url in cloud_urls:
+                try:
+                    self._clouds.append(CloudRepository(url, self._cloud_cache))
+                except TritonError as e:
+                    log.error("%s", e.message)
+        #: the last listing of each cloud repository (url -> model -> fingerprint)
+        self._listing: dict[str, dict[str, Fingerprint]] = {}
+        #: why the last listing of a cloud repository failed (url -> reason)
+        self._listing_errors: dict[str, str] = {}
 
     # ---- scanning -------------------------------------------------------------------------
 
-    def scan(self) -> dict[str, Path]:
-        """Model name -> folder over every repository path (duplicate names are refused)."""
-        found: dict[str, Path] = {}
+    def scan(self) -> dict[str, Source]:
+        """Model name -> folder over every repository path (duplicate names are refused).
+
+        Cloud repositories contribute the models of their last listing (see
+        :meth:`refresh_cloud`); nothing here blocks on the network."""
+        found: dict[str, Source] = {}
         duplicates: set[str] = set()
+        clouds = {c.url: c for c in self._clouds}
         for repo in self.options.model_repositories:
+            if is_cloud_url(repo):
+                cloud = clouds.get(repo)
+                for model in sorted(self._listing.get(repo, {})) if cloud is not None else ():
+                    if model in found:
+                        duplicates.add(model)
+                    assert cloud is not None
+                    found[model] = RemoteModel(repo, model, cloud)
+                continue
             root = Path(repo)
             if not root.is_dir():
                 log.error("model repository '%s' is not a directory", repo)
@@ -153,7 +217,40 @@ class ModelRepository:
             rec.failed = {-1: "model appears in more than one model repository"}
         return found
 
-    def _record(self, name: str, path: Path | None) -> _Record:
+    async def refresh_cloud(self) -> None:
+        """List every cloud repository again (worker threads). A listing that fails keeps the
+        previous one (its models keep serving) and records the reason."""
+        async def one(cloud: CloudRepository) -> None:
+            try:
+                listing = await trio.to_thread.run_sync(cloud.list_models, limiter=self._io_limiter)
+            except TritonError as e:
+                if self._listing_errors.get(cloud.url) != e.message:
+                    log.error("%s", e.message)
+                self._listing_errors[cloud.url] = e.message
+                return
+            self._listing_errors.pop(cloud.url, None)
+            self._listing[cloud.url] = listing
+
+        async with trio.open_nursery() as nursery:
+            for cloud in self._clouds:
+                nursery.start_soon(one, cloud)
+
+    def _not_found_reason(self) -> str:
+        """The cloud listing failures, for the load failure of a model not found."""
+        return "".join(f": {reason}" for reason in self._listing_errors.values())
+
+    async def _source_fingerprint(self, source: Source) -> tuple[Any, ...]:
+        if isinstance(source, RemoteModel):
+            return self._listing.get(source.url, {}).get(source.name, ())
+        return await trio.to_thread.run_sync(_fingerprint, source, limiter=self._io_limiter)
+
+    async def _source_is_ensemble(self, source: Source) -> bool:
+        if isinstance(source, RemoteModel):
+            return await trio.to_thread.run_sync(_remote_is_ensemble, source, self.options.model_config_name,
+                                                 limiter=self._io_limiter)
+        return await trio.to_thread.run_sync(_is_ensemble, source, self.options.model_config_name)
+
+    def _record(self, name: str, path: Source | None) -> _Record:
         rec = self._records.get(name)
         if rec is None:
             rec = self._records[name] = _Record(name, path)
@@ -163,6 +260,7 @@ class ModelRepository:
 
     async def startup(self) -> None:
         """Load what the control mode says to load at start-up (failures are recorded, not raised)."""
+        await self.refresh_cloud()
         found = self.scan()
         for name, path in found.items():
             self._record(name, path)
@@ -185,7 +283,7 @@ class ModelRepository:
         ensembles = set()
         for name in names:
             where = found.get(name)
-            if where is not None and await trio.to_thread.run_sync(_is_ensemble, where, self.options.model_config_name):
+            if where is not None and await self._source_is_ensemble(where):
                 ensembles.add(name)
         # composing models first; then ensembles, which load what they still need themselves
         for phase in ([n for n in names if n not in ensembles], [n for n in names if n in ensembles]):
@@ -259,8 +357,12 @@ class ModelRepository:
         created = False
         if rec is None or rec.path is None:
             found = self.scan().get(name)
+            if found is None and self._clouds:
+                await self.refresh_cloud()  # a model added to a bucket since the last listing
+                found = self.scan().get(name)
             if found is None and not files:
-                raise internal(f"failed to load '{name}', failed to poll from model repository")
+                raise internal(f"failed to load '{name}', failed to poll from model repository"
+                               f"{self._not_found_reason()}")
             created = rec is None and found is None  # exists only through the request's files
             rec = self._record(name, found)
         try:
@@ -294,21 +396,38 @@ class ModelRepository:
             return config.platform == ENSEMBLE_PLATFORM or config.ensemble_scheduling is not None
         if rec.path is None:
             return False
-        return await trio.to_thread.run_sync(_is_ensemble, rec.path, self.options.model_config_name)
+        try:
+            return await self._source_is_ensemble(rec.path)
+        except TritonError:
+            return False
 
     async def _load_locked(self, rec: _Record, config_json: str | None, files: dict[str, bytes] | None,
                            chain: tuple[str, ...] = ()) -> None:
         name = rec.name
         started = time.monotonic()
-        model_dir = rec.path
+        source = rec.path
         tmpdir: Path | None = None
+        remote_fingerprint: tuple[Any, ...] = ()
+        agents: AgentChain | None = None
         if files:
             tmpdir = _write_override_files(name, files)
             model_dir = tmpdir / name
-        elif config_json and model_dir is None:
+        elif config_json and source is None:
             raise internal(f"failed to load '{name}', failed to poll from model repository")
-        assert model_dir is not None
+        elif isinstance(source, RemoteModel):
+            try:
+                model_dir, remote_fingerprint = await trio.to_thread.run_sync(source.repo.download, name,
+                                                                              limiter=self._io_limiter)
+            except TritonError as e:
+                rec.failed = {-1: e.message}
+                raise invalid_arg(f"load failed for model '{name}': {e.message}") from e
+            tmpdir = model_dir.parent
+        else:
+            assert source is not None
+            model_dir = source
+        source_dir = model_dir  # before agents: what polling fingerprints
         try:
+            agents, model_dir = await self._run_agents(name, model_dir, config_json)
             config, backend = await trio.to_thread.run_sync(self._prepare_config, name, model_dir, config_json)
             available = cfg.list_version_dirs(model_dir)
             versions = cfg.select_versions(config.version_policy, available)
@@ -323,12 +442,12 @@ class ModelRepository:
                 plan = build_plan(config, lambda model, v: self.get(model, version_string(v)))
         except TritonError as e:
             rec.failed = {-1: e.message}
-            if tmpdir:
-                shutil.rmtree(tmpdir, ignore_errors=True)
+            await self._discard(agents, tmpdir)
             if isinstance(e, _CircularDependency) and len(chain) > 1:
                 raise  # reported once, by the ensemble whose load was asked for
             raise invalid_arg(f"load failed for model '{name}': {e.message}") from e
-        if not ensemble and not files and await self._update_in_place(rec, config, versions, model_dir):
+        if (not ensemble and not files and agents is None and tmpdir is None
+                and await self._update_in_place(rec, config, versions, model_dir)):
             log.info("successfully applied the instance counts of '%s' version(s) %s without reloading",
                      name, sorted(versions))
             return
@@ -362,8 +481,9 @@ class ModelRepository:
         if failures:
             for mv in fresh.values():
                 mv.request_unload()
-            if tmpdir:
-                shutil.rmtree(tmpdir, ignore_errors=True)
+            for mv in fresh.values():
+                await mv.stopped.wait()
+            await self._discard(agents, tmpdir)
             if not rec.versions:
                 rec.failed = dict(failures)
             detail = "; ".join(f"version {v} is at UNAVAILABLE state: {r}" for v, r in sorted(failures.items()))
@@ -372,12 +492,17 @@ class ModelRepository:
         rec.versions = fresh
         rec.failed = {}
         rec.unloaded = set()
-        rec.fingerprint = _fingerprint(model_dir) if not files else ()
-        if rec.tmpdir and rec.tmpdir != tmpdir:
-            stale = rec.tmpdir
-            self._nursery.start_soon(self._unload_versions, list(old.values()), stale)
+        if files:
+            rec.fingerprint = ()
+        elif isinstance(source, RemoteModel):
+            rec.fingerprint = remote_fingerprint
         else:
-            self._nursery.start_soon(self._unload_versions, list(old.values()), None)
+            rec.fingerprint = await trio.to_thread.run_sync(_fingerprint, source_dir, limiter=self._io_limiter)
+        if agents is not None:
+            await trio.to_thread.run_sync(agents.load_complete, limiter=self._io_limiter)
+        old_agents, rec.agents = rec.agents, agents
+        stale = rec.tmpdir if rec.tmpdir and rec.tmpdir != tmpdir else None
+        self._nursery.start_soon(self._unload_versions, list(old.values()), stale, old_agents)
         rec.tmpdir = tmpdir
         rec.composing = [dep for mv in fresh.values() if isinstance(mv, EnsembleVersion) for dep in mv.composing()]
         log.info("successfully loaded '%s' version(s) %s in %.3f s", name, sorted(fresh), time.monotonic() - started)
@@ -385,6 +510,38 @@ class ModelRepository:
             for v in sorted(fresh):
                 log.log(VERBOSE, "model '%s' version %d config: %s", name, v,
                         json.dumps(cfg.config_to_json(fresh[v].config), sort_keys=True), extra={"verbose": 1})
+
+    async def _run_agents(self, name: str, model_dir: Path, config_json: str | None
+                          ) -> tuple[AgentChain | None, Path]:
+        """Send LOAD to the model's repository agents (worker threads); returns the chain (None
+        without agents) and where the model's files are now.
+
+        Raises TritonError: INVALID_ARG naming an unknown agent, or the agent that failed and
+        its message (the agents that got LOAD have had LOAD_FAIL and their copies are gone)."""
+        if config_json:
+            config = cfg.config_from_json(config_json)
+        else:
+            config = await trio.to_thread.run_sync(
+                lambda: cfg.read_model_config(model_dir, config_name=self.options.model_config_name))
+        specs = agent_specs(config)
+        if not specs:
+            return None, model_dir
+
+        def start() -> tuple[AgentChain, Path]:
+            check_agents(config)
+            policy = cfg.complete_defaults(config, name).version_policy
+            versions = cfg.select_versions(policy, cfg.list_version_dirs(model_dir))
+            agents = open_chain(name, specs, config, model_dir, versions)
+            return agents, agents.load()
+
+        return await trio.to_thread.run_sync(start, limiter=self._io_limiter)
+
+    async def _discard(self, agents: AgentChain | None, tmpdir: Path | None) -> None:
+        """After a failed load: LOAD_FAIL to the agents (their copies go), remove ``tmpdir``."""
+        if agents is not None:
+            await trio.to_thread.run_sync(agents.load_failed, limiter=self._io_limiter)
+        if tmpdir is not None:
+            await trio.to_thread.run_sync(shutil.rmtree, tmpdir, True, limiter=self._io_limiter)
 
     async def _load_dependencies(self, name: str, config: ModelConfig, chain: tuple[str, ...]) -> None:
         """Make sure every composing model of ensemble ``name`` is serving, loading those that
@@ -527,23 +684,33 @@ class ModelRepository:
         rec.versions = {}
         rec.failed = {}
         tmp, rec.tmpdir = rec.tmpdir, None
+        agents, rec.agents = rec.agents, None
         rec.composing = []
-        await self._unload_versions(old, tmp)
+        await self._unload_versions(old, tmp, agents)
         log.info("successfully unloaded '%s' in %.3f s", rec.name, time.monotonic() - started)
 
-    async def _unload_versions(self, versions: list[Served], tmpdir: Path | None) -> None:
+    async def _unload_versions(self, versions: list[Served], tmpdir: Path | None,
+                               agents: AgentChain | None = None) -> None:
+        """UNLOAD to the agents, drain and stop ``versions``, UNLOAD_COMPLETE, remove the
+        copies and ``tmpdir`` (agents and file removal in worker threads)."""
+        if agents is not None:
+            await trio.to_thread.run_sync(agents.unload, limiter=self._io_limiter)
         for mv in versions:
             mv.request_unload()
         for mv in versions:
             await mv.stopped.wait()
+        if agents is not None:
+            await trio.to_thread.run_sync(agents.unload_complete, limiter=self._io_limiter)
         if tmpdir is not None:
-            shutil.rmtree(tmpdir, ignore_errors=True)
+            await trio.to_thread.run_sync(shutil.rmtree, tmpdir, True, limiter=self._io_limiter)
 
     async def unload_all(self) -> None:
         """Drain and unload every model (server shutdown)."""
         async with trio.open_nursery() as nursery:
             for rec in list(self._records.values()):
                 nursery.start_soon(self._unload_record, rec)
+        if self._cloud_cache is not None:
+            await trio.to_thread.run_sync(shutil.rmtree, self._cloud_cache, True, limiter=self._io_limiter)
 
     # ---- polling --------------------------------------------------------------------------
 
@@ -555,12 +722,13 @@ class ModelRepository:
             await self.poll_once()
 
     async def poll_once(self) -> None:
+        await self.refresh_cloud()
         found = self.scan()
         for name, path in found.items():
             rec = self._records.get(name)
             if rec is not None and rec.loading:
                 continue
-            fingerprint = await trio.to_thread.run_sync(_fingerprint, path)
+            fingerprint = await self._source_fingerprint(path)
             if rec is not None and rec.fingerprint == fingerprint:
                 continue
             if rec is not None and not rec.fingerprint and rec.failed and rec.path == path:
@@ -656,6 +824,24 @@ class ModelRepository:
                     continue
                 rows.append(IndexEntry(name, str(v), state, reason))
         return rows
+
+
+def _remote_is_ensemble(source: RemoteModel, config_name: str = "") -> bool:
+    """Whether a cloud model's config names an ensemble (reads only its config object)."""
+    from trident.protocol.pbtxt import parse_pbtxt
+
+    text = None
+    if config_name:
+        text = source.repo.read_text(source.name, f"configs/{config_name}.pbtxt")
+    if text is None:
+        text = source.repo.read_text(source.name, cfg.CONFIG_FILENAME)
+    if text is None:
+        return False
+    try:
+        config = parse_pbtxt(text)
+    except TritonError:
+        return False
+    return config.platform == ENSEMBLE_PLATFORM or config.ensemble_scheduling is not None
 
 
 def _is_ensemble(model_dir: Path, config_name: str = "") -> bool:

@@ -22,6 +22,8 @@ from typing import Any
 import trio
 
 import trident
+from trident.cloud_repository import is_cloud_url, parse_cloud_url
+from trident.errors import TritonError
 from trident.logs import LogSettings
 from trident.options import ServerOptions
 from trident.server import EXTENSIONS, Server, open_server
@@ -157,9 +159,12 @@ def _missing_repository(opts: ServerOptions) -> str | None:
     """Why a ``--model-repository`` cannot be served (None when all can): a missing or
     unreadable folder stops the server at start-up, as tritonserver does."""
     for path in opts.model_repositories:
-        if path.startswith(("s3://", "gs://", "as://")):
-            return (f"model repository '{path}': cloud repositories (s3://, gs://, as://) are not supported "
-                    "yet; copy the repository to a local folder")
+        if is_cloud_url(path):  # listed by the repository; a listing failure is each load's reason
+            try:
+                parse_cloud_url(path)
+            except TritonError as e:
+                return e.message
+            continue
         folder = Path(path)
         if not folder.exists():
             return f"model repository '{path}' does not exist"
