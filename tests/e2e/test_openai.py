@@ -74,6 +74,9 @@ class TritonPythonModel:
         if not self.decoupled:
             responses = []
             for request in requests:
+                if any(p.strip() == "!" for p in self._pieces(request)):
+                    responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("the model failed")))
+                    continue
                 shape = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().shape
                 text = "".join(self._pieces(request)).encode()
                 out = np.array([text], dtype=object).reshape(shape)
@@ -89,6 +92,10 @@ class TritonPythonModel:
         if not bool(self._scalar(request, "stream", False)):
             pieces = ["".join(pieces)]
         for piece in pieces:
+            if piece.strip() == "!":  # a model error after the first tokens
+                error = pb_utils.TritonError("the model failed")
+                sender.send(pb_utils.InferenceResponse(error=error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
             if sender.is_cancelled():
                 (self.folder / "cancelled").write_text("yes")
                 break
@@ -313,6 +320,22 @@ def test_async_client(server):
     assert text == "three two one"
     assert content == answer("user: four\nassistant:")
     assert "".join(deltas) == answer("user: five six\nassistant:")
+
+
+def test_model_errors(client, raw):
+    """A model error before any token is the request's error; one after the first tokens ends the
+    stream with an in-band error event, which the client raises."""
+    with pytest.raises(openai.InternalServerError, match="the model failed"):
+        client.completions.create(model="gen_unary", prompt="! one")
+    with pytest.raises(openai.InternalServerError, match="the model failed"):
+        client.completions.create(model="gen", prompt="one !", stream=True)  # "!" is the first token
+    stream = client.completions.create(model="gen", prompt="! two one", stream=True)
+    with pytest.raises(openai.APIError, match="the model failed"):
+        for _ in stream:
+            pass
+    events = _events(raw.post("/completions", json={"model": "gen", "prompt": "! two one", "stream": True}).text)
+    assert [json.loads(e)["choices"][0]["text"] for e in events[:-1]] == ["one", " two"]
+    assert json.loads(events[-1])["error"]["message"] == "the model failed"
 
 
 # ---- cancellation --------------------------------------------------------------------------------
