@@ -66,7 +66,8 @@ class _Workers:
         self.pipes: list[Connection] = []
         self.seen_ns: list[int] = []
 
-    def grow(self, n: int) -> None:
+    def grow(self, n: int, timeout_s: float = 60.0) -> None:
+        """Start workers until there are ``n``, each ready (imported, listening) when this returns."""
         while len(self.procs) < n:
             parent, child = self.ctx.Pipe()
             proc = self.ctx.Process(target=serve_worker, args=(child, self.spec), daemon=True,
@@ -76,6 +77,9 @@ class _Workers:
             self.procs.append(proc)
             self.pipes.append(parent)
             self.seen_ns.append(0)
+            if not parent.poll(timeout_s):
+                raise PerfError(f"a load-generator process did not start within {timeout_s:g} s")
+            parent.recv()
 
     def send_all(self, messages: list[tuple]) -> None:  # type: ignore[type-arg]
         for pipe, msg in zip(self.pipes, messages, strict=True):

@@ -89,8 +89,11 @@ def level_text(o: PerfOptions, r: Result) -> str:
         send_recv = (s.send_ns + s.recv_ns) / 1e3
         lines.append(f"    Avg {proto} time: {s.avg_us:.0f} usec (send/recv {send_recv:.0f} usec + response wait "
                      f"{max(0.0, s.avg_us - send_recv):.0f} usec)")
-    lines.append(f"    Load generator: {r.workers} process{'es' if r.workers > 1 else ''}, "
-                 f"CPU {s.client_cpu_pct:.0f}% of one core")
+    if o.in_process:
+        lines.append(f"    Process CPU (server and load together): {s.client_cpu_pct:.0f}% of one core")
+    else:
+        lines.append(f"    Load generator: {r.workers} process{'es' if r.workers > 1 else ''}, "
+                     f"CPU {s.client_cpu_pct:.0f}% of one core")
     if s.server is not None:
         d = s.server.per_request_us()
         lines += ["  Server: ", f"    Inference count: {s.server.inference_count}",

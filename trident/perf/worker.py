@@ -342,6 +342,7 @@ def serve_worker(conn: Connection, spec: WorkerSpec) -> None:
     """Process entry point: run commands from ``conn`` until ``stop`` or the pipe closes.
     A failure to connect is reported as a ``failed`` message; nothing is raised."""
     try:
+        conn.send(("ready", b"", 0.0, 0, time.monotonic_ns(), ""))
         _Worker(conn, spec).run()
     except KeyboardInterrupt:
         pass
