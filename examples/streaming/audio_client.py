@@ -33,7 +33,7 @@ from .vad_model import CHUNK, SAMPLE_RATE
 class ChunkResult:
     index: int
     prob: float
-    latency_s: float  # from the request being queued for sending to its response arriving
+    latency_s: float  # from the chunk being queued for sending (or ``since``) to its response arriving
 
 
 @dataclass
@@ -71,25 +71,26 @@ class VadStream:
                 self.results.append(ChunkResult(index, float(prob.reshape(-1)[0]), now - sent))
         self._answers.put(None)
 
-    def send(self, chunk: np.ndarray, *, start: bool = False, end: bool = False) -> int:
-        """Queue one chunk of ``CHUNK`` float32 samples; returns its index in the stream.
+    def send(self, chunk: np.ndarray, *, start: bool = False, end: bool = False, since: float | None = None) -> int:
+        """Queue one chunk of ``CHUNK`` float32 samples; returns its index in the stream. Its
+        latency counts from ``since`` (a ``time.perf_counter()`` value; default: now).
 
         Raises ValueError for a chunk of another size (the server would refuse it too)."""
         if chunk.shape != (CHUNK,):
             raise ValueError(f"a chunk is {CHUNK} samples, got shape {chunk.shape}")
         inp = grpcclient.InferInput("AUDIO", [1, CHUNK], "FP32")
         inp.set_data_from_numpy(np.ascontiguousarray(chunk, np.float32)[None])
-        return self.send_inputs([inp], start=start, end=end)
+        return self.send_inputs([inp], start=start, end=end, since=since)
 
     def send_inputs(self, inputs: list[grpcclient.InferInput], *, start: bool = False, end: bool = False,
-                    sequence_id: int | str | None = None) -> int:
+                    sequence_id: int | str | None = None, since: float | None = None) -> int:
         """Queue one request with these inputs (any, also wrong ones: the server answers with an
         error on the stream) on this stream's sequence or ``sequence_id``; returns its index."""
         with self._lock:
             index = self._next
             self._next += 1
             rid = f"{self.sequence_id}:{index}"
-            self._sent[rid] = (index, time.perf_counter())
+            self._sent[rid] = (index, time.perf_counter() if since is None else since)
         sid = self.sequence_id if sequence_id is None else sequence_id
         self._client.async_stream_infer(self.model, inputs, request_id=rid, sequence_id=sid,
                                         sequence_start=start, sequence_end=end)

@@ -40,7 +40,7 @@ output [ {{ name: "SPEECH_PROB" data_type: TYPE_FP32 dims: [ 1 ] }} ]
 instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
 sequence_batching {{
   max_sequence_idle_microseconds: {idle_us}
-  direct {{ max_queue_delay_microseconds: {delay_us} minimum_slot_utilization: {min_util} }}
+  {strategy}
   state [
     {{ input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP32 dims: [ 2, 128 ]
        initial_state {{ data_type: TYPE_FP32 dims: [ 2, 128 ] zero_data: true name: "zeros" }} }},
@@ -114,14 +114,22 @@ def build_vad_onnx(source: Path | None = None) -> onnx.ModelProto:
 
 
 def write_vad_model(repo: Path, name: str = "silero_vad", *, max_batch: int = 16, instances: int = 1,
-                    idle_us: int = 5_000_000, delay_us: int = 1000, min_util: float = 0.0) -> Path:
-    """Write ``<repo>/<name>/`` (config.pbtxt and 1/model.onnx) and return the model's folder."""
+                    idle_us: int = 5_000_000, delay_us: int = 1000, min_util: float = 0.0,
+                    oldest: int = 0) -> Path:
+    """Write ``<repo>/<name>/`` (config.pbtxt and 1/model.onnx) and return the model's folder.
+
+    The strategy is ``direct`` (one slot per sequence, ``max_batch`` slots per instance; idle
+    slots below a busy one run as null requests) unless ``oldest`` > 0: then ``oldest`` candidate
+    sequences per instance, and a batch holds only sequences that have a chunk waiting."""
     folder = repo / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     onnx.save(build_vad_onnx(), str(folder / "1" / "model.onnx"))
+    strategy = (f"oldest {{ max_candidate_sequences: {oldest} max_queue_delay_microseconds: {delay_us} }}"
+                if oldest else
+                f"direct {{ max_queue_delay_microseconds: {delay_us} minimum_slot_utilization: {min_util} }}")
     (folder / "config.pbtxt").write_text(CONFIG.format(
-        name=name, max_batch=max_batch, instances=instances, idle_us=idle_us, delay_us=delay_us,
-        min_util=min_util, chunk=CHUNK, context=CONTEXT))
+        name=name, max_batch=max_batch, instances=instances, idle_us=idle_us, strategy=strategy,
+        chunk=CHUNK, context=CONTEXT))
     return folder
 
 
