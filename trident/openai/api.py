@@ -14,7 +14,8 @@ streaming request sends one chunk per response, a non-streaming one joins them.
 
 Limits (every size and count a client controls): the body (:data:`MAX_BODY_BYTES`),
 ``max_tokens`` (:data:`MAX_TOKENS`), messages (:data:`MAX_MESSAGES`), stop sequences
-(:data:`MAX_STOP`, each at most :data:`MAX_STOP_CHARS`), ``n`` = 1.
+(:data:`MAX_STOP`, each at most :data:`MAX_STOP_CHARS`), ``n`` = 1; and an answer holds at most
+:data:`MAX_ANSWER_CHARS` characters (a model past it is cancelled, the request fails with INTERNAL).
 
 Errors are OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with the HTTP
 status of the error's Triton code, except that UNSUPPORTED answers 400 as the OpenAI API does
@@ -41,6 +42,7 @@ MAX_MESSAGES = 1024
 MAX_STOP = 4
 MAX_STOP_CHARS = 256
 MAX_SEED = 2**63 - 1
+MAX_ANSWER_CHARS = 16 * 1024 * 1024  # what one answer may hold (the model's bound, kept for usage)
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"

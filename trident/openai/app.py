@@ -114,13 +114,15 @@ def _flag_only(response: InferenceResponse) -> bool:
 async def _run_watching(server: Server, request: InferenceRequest, receive: Receive,
                         on_response: Callable[[InferenceResponse], Awaitable[None]]) -> None:
     """``server.infer_stream(request, on_response)`` next to a task that cancels it when the
-    client disconnects (or ``on_response`` raises ClientGone).
+    client disconnects (or ``on_response`` raises ClientGone). When ``on_response`` raises a
+    TritonError, the inference is cancelled and that error raised.
 
     Raises what ``infer_stream`` and ``on_response`` raise, and ClientGone after a disconnect.
     """
     inference = trio.CancelScope()
     gone = False
     error: BaseException | None = None
+    refused: TritonError | None = None
 
     async def watch() -> None:
         nonlocal gone
@@ -132,11 +134,16 @@ async def _run_watching(server: Server, request: InferenceRequest, receive: Rece
                 return
 
     async def guarded(response: InferenceResponse) -> None:
-        nonlocal gone
+        nonlocal gone, refused
+        if gone or refused is not None:
+            return
         try:
             await on_response(response)
         except ClientGone:
             gone = True
+            inference.cancel()
+        except TritonError as e:
+            refused = e
             inference.cancel()
 
     async with trio.open_nursery() as nursery:
@@ -151,10 +158,15 @@ async def _run_watching(server: Server, request: InferenceRequest, receive: Rece
         raise error
     if gone:
         raise ClientGone
+    if refused is not None:
+        raise refused
 
 
-def make_openai_app(server: Server, *, max_body: int = api.MAX_BODY_BYTES) -> ASGIApp:
+def make_openai_app(server: Server, *, max_body: int = api.MAX_BODY_BYTES,
+                    max_answer: int = api.MAX_ANSWER_CHARS) -> ASGIApp:
     """The ASGI application of the OpenAI routes under ``/v1`` for ``server``.
+
+    ``max_body`` bounds a request body (bytes), ``max_answer`` an answer (characters).
 
     Nothing is read or started until a request arrives; the application holds no task.
     """
@@ -198,6 +210,14 @@ def make_openai_app(server: Server, *, max_body: int = api.MAX_BODY_BYTES) -> AS
         rid = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex
         request = api.build_request(gen, mv.inputs, mv.max_batch_size, rid)
         pieces: list[str] = []
+        size = 0
+
+        def keep_text(text: str) -> None:
+            nonlocal size
+            size += len(text)
+            if size > max_answer:
+                raise api.OpenAIError(Code.INTERNAL, f"the model's answer exceeds {max_answer} characters")
+            pieces.append(text)
 
         async def tokens() -> int:
             if assets.tokenizer is None:
@@ -211,7 +231,7 @@ def make_openai_app(server: Server, *, max_body: int = api.MAX_BODY_BYTES) -> AS
                     return
                 if response.error is not None:
                     raise response.error
-                pieces.append(api.output_text(response.outputs))
+                keep_text(api.output_text(response.outputs))
 
             await _run_watching(server, request, receive, keep)
             count = await tokens()
@@ -241,9 +261,9 @@ def make_openai_app(server: Server, *, max_body: int = api.MAX_BODY_BYTES) -> AS
             if response.error is not None:
                 raise response.error
             text = api.output_text(response.outputs)
+            keep_text(text)
             if not started:
                 await start()
-            pieces.append(text)
             if text:
                 await _send_body(send, api.sse(api.chunk(gen, rid, stamp, text)))
 

@@ -55,3 +55,24 @@ async def test_v1_next_to_v2(tmp_path: Path) -> None:
                 assert missing.status_code == 404 and "error" in missing.json()
                 assert (await client.get("/v2/nope")).json() == {"error": "Not Found"}
             nursery.cancel_scope.cancel()
+
+
+async def test_answer_size_is_bounded(tmp_path: Path) -> None:
+    """An answer past ``max_answer`` characters cancels the model and fails the request (500)."""
+    (tmp_path / "rev" / "1").mkdir(parents=True)
+    (tmp_path / "rev" / "config.pbtxt").write_text(CONFIG)
+    (tmp_path / "rev" / "1" / "model.py").write_text(MODEL)
+    async with open_server(ServerOptions(model_repositories=[str(tmp_path)])) as server:
+        app = make_openai_app(server, max_answer=2)
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(lambda task_status: serve_asgi(app, host="127.0.0.1", port=0,
+                                                                      task_status=task_status))
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                for stream in (False, True):
+                    answer = await client.post("/v1/completions", json={"model": "rev", "prompt": "abc",
+                                                                        "stream": stream})
+                    assert answer.status_code == 500
+                    assert answer.json()["error"]["message"] == "the model's answer exceeds 2 characters"
+                assert (await client.post("/v1/completions", json={"model": "rev", "prompt": "ab"})).json()[
+                    "choices"][0]["text"] == "ba"
+            nursery.cancel_scope.cancel()
