@@ -1,7 +1,11 @@
 """Triton's error codes and the one table that maps them to HTTP and gRPC statuses.
 
 No other module names an HTTP status number or a gRPC status code for an inference error:
-front ends call :func:`http_status` / :func:`grpc_status` with the error's code.
+front ends call :func:`http_status` / :func:`grpc_status` with the error's code, and the two
+answers Triton gives outside the table come from here too (:data:`HTTP_NOT_READY`,
+:func:`generate_http_status`). A front end names only protocol statuses itself (no such
+route, method not allowed, forbidden by a restriction, too large, timed out);
+``tests/unit/trident/test_errors.py`` reads the front ends' source to hold them to it.
 """
 
 from __future__ import annotations
@@ -46,6 +50,17 @@ _TABLE: dict[Code, tuple[int, int]] = {
     Code.INTERNAL: (500, GRPC_INTERNAL),
     Code.UNKNOWN: (400, GRPC_UNKNOWN),
 }
+
+
+#: Triton's HTTP answer to a health or readiness probe that is not live/ready (server or model)
+HTTP_NOT_READY = 400
+
+
+def generate_http_status(code: Code) -> int:
+    """HTTP status of an error a model's response carries on ``/generate`` and
+    ``/generate_stream``: 400 whatever its code, as Triton answers (tritonserver 2.51: a Python
+    model's INTERNAL error is 400 there, 500 on ``/infer``)."""
+    return 400
 
 
 def http_status(code: Code) -> int:

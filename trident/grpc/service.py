@@ -17,12 +17,7 @@ from typing import Any
 import betterproto2
 import trio
 
-from trident.errors import (
-    GRPC_INVALID_ARGUMENT,
-    GRPC_UNAVAILABLE,
-    TritonError,
-    invalid_arg,
-)
+from trident.errors import TritonError, invalid_arg, unavailable
 from trident.execution import FLAG_ONLY
 from trident.grpc.transport import Call, GrpcError, Method
 from trident.protocol import grpc_codec
@@ -48,12 +43,12 @@ def _parse_now(cls: type[Any], data: bytearray) -> Any:
     try:
         return cls.parse(bytes(data))
     except Exception as e:  # betterproto2 raises EOFError, ValueError, KeyError... on bad input
-        raise GrpcError(GRPC_INVALID_ARGUMENT, f"failed to parse {cls.__name__}: {e}") from None
+        raise invalid_arg(f"failed to parse {cls.__name__}: {e}") from None
 
 
 async def _parse(call: Call, cls: type[Any], data: bytearray) -> Any:
     """Decode a betterproto2 message: inline when small, in a worker thread from
-    ``offload_size`` bytes (the call's task waits for it). Raises GrpcError(INVALID_ARGUMENT)
+    ``offload_size`` bytes (the call's task waits for it). Raises TritonError(INVALID_ARG)
     for bytes that are not the message (Triton answers INTERNAL "Unable to parse request")."""
     if len(data) < call.conn.config.offload_size:
         return _parse_now(cls, data)
@@ -117,7 +112,7 @@ def _restricted(handler: Callable[..., Awaitable[Any]], restriction: Restriction
 
     async def guarded(call: Call, *args: Any) -> Any:
         if not any(key == wanted and restriction.allows(value) for key, value in call.headers):
-            raise GrpcError(GRPC_UNAVAILABLE, GRPC_MESSAGE.format(restriction.header))
+            raise unavailable(GRPC_MESSAGE.format(restriction.header))
         return await handler(call, *args)
 
     return guarded
@@ -302,7 +297,7 @@ class InferenceService:
 
     async def _request(self, call: Call, data: bytearray) -> InferenceRequest:
         """Decode a ModelInferRequest: inline when small, in a worker thread from ``offload_size``
-        bytes (the call's task waits for it). Raises GrpcError(INVALID_ARGUMENT) for a bad message."""
+        bytes (the call's task waits for it). Raises TritonError(INVALID_ARG) for a bad message."""
         shm = self.server.shared_memory.input_view
         try:
             if len(data) < call.conn.config.offload_size:
@@ -310,7 +305,7 @@ class InferenceService:
             else:
                 request = await call.run_sync(grpc_codec.decode_model_infer_request, data, shm)
         except grpc_codec.DecodeError as e:
-            raise GrpcError(GRPC_INVALID_ARGUMENT, f"failed to parse ModelInferRequest: {e}") from None
+            raise invalid_arg(f"failed to parse ModelInferRequest: {e}") from None
         if self.forward is not None:
             for key, value in call.metadata:
                 if isinstance(value, str) and self.forward.fullmatch(key):

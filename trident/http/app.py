@@ -30,7 +30,7 @@ from urllib.parse import unquote
 import trio
 
 from trident.config import config_to_json
-from trident.errors import invalid_arg, unsupported
+from trident.errors import HTTP_NOT_READY, invalid_arg, unsupported
 from trident.http import generate
 from trident.http.infer import JSON, Disconnected, HTTPError, InferEndpoint, error_reply, too_large
 from trident.protocol import kserve
@@ -244,7 +244,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
             if await server.probe_model_ready(name, version):
                 await _send_empty(send, 200)
             else:
-                await _send_error(send, 400, "Model version not ready")
+                await _send_error(send, HTTP_NOT_READY, "Model version not ready")
         elif kind == "config":
             if method != "GET":
                 raise _NOT_ALLOWED
@@ -380,7 +380,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
             if method != "GET":
                 raise _NOT_ALLOWED
             ok = server.is_live() if path == "/v2/health/live" else server.is_ready()
-            await _send_empty(send, 200 if ok else 400)
+            await _send_empty(send, 200 if ok else HTTP_NOT_READY)
         elif path == "/v2":
             if method != "GET":
                 raise _NOT_ALLOWED

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import trio
 
-from trident.errors import TritonError, internal, invalid_arg
+from trident.errors import TritonError, generate_http_status, internal, invalid_arg
 from trident.execution import FLAG_ONLY
 from trident.protocol import kserve
 from trident.types import InferenceRequest, InferenceResponse, ParamValue, Tensor
@@ -263,7 +263,7 @@ async def generate_stream(server: Server, receive: Receive, send: Send, request:
         if _flag_only(response):
             return
         if response.error is not None:
-            await event({"error": response.error.message}, 400)
+            await event({"error": response.error.message}, generate_http_status(response.error.code))
             return
         try:
             payload = response_json(response)
