@@ -443,3 +443,35 @@ def test_bad_bodies_routes_and_methods(raw):
     _error(raw.post("/embeddings", json={"model": "gen", "input": "x"}), 404)
     assert raw.post("/completions", json={"model": "gen", "prompt": "two one"}).json()["choices"][0]["text"] == \
         "one two"
+
+
+# ---- on the HTTP port ------------------------------------------------------------------------------
+
+
+def test_routes_on_the_http_port(server):
+    """The same routes under /v1 on the KServe HTTP port (next to /v2)."""
+    with openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="unused", max_retries=0, timeout=30) as c:
+        assert [m.id for m in c.models.list().data] == sorted(MODELS)
+        assert c.completions.create(model="gen", prompt="one two").choices[0].text == "two one"
+        chunks = list(c.chat.completions.create(model="gen", stream=True,
+                                                messages=[{"role": "user", "content": "three"}]))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == answer("user: three\nassistant:")
+        with pytest.raises(openai.NotFoundError):
+            c.models.retrieve("identity_fp32")
+    assert httpx.get(f"http://{server.http_url}/v2/health/ready").status_code == 200
+
+
+def test_restricted_api_covers_v1(tmp_path):
+    """--http-restricted-api: /v1/models is `metadata`, completions are `inference`."""
+    from e2e.conftest import start_server
+
+    s = start_server("--http-restricted-api", "inference:key=secret", "--allow-grpc=false", "--allow-metrics=false",
+                     repo=_build_repo(tmp_path), timeout=120)
+    try:
+        url = f"http://{s.http_url}/v1"
+        assert httpx.get(f"{url}/models").status_code == 200
+        assert httpx.post(f"{url}/completions", json={"model": "gen", "prompt": "x"}).status_code == 403
+        ok = httpx.post(f"{url}/completions", json={"model": "gen", "prompt": "one two"}, headers={"key": "secret"})
+        assert ok.json()["choices"][0]["text"] == "two one"
+    finally:
+        s.stop()

@@ -16,6 +16,9 @@ Triton's HTTP API (reference §1) over the :class:`~trident.server.Server` facad
 * generate / generate_stream are served by :mod:`trident.http.generate` (server-sent events).
 * Shared memory (``/v2/{system,cuda}sharedmemory/...``) goes to the server's registry
   (:mod:`trident.shared_memory`), shared with gRPC.
+* ``/v1`` and ``/v1/...`` are the OpenAI-compatible routes (:mod:`trident.openai.app`, its own
+  error shape); ``--http-restricted-api`` groups them as ``metadata`` (``/v1/models``) and
+  ``inference``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from trident.config import config_to_json
 from trident.errors import HTTP_NOT_READY, invalid_arg, unsupported
 from trident.http import generate
 from trident.http.infer import JSON, Disconnected, HTTPError, InferEndpoint, error_reply, too_large
+from trident.openai.app import PREFIX as OPENAI_PREFIX
+from trident.openai.app import make_openai_app
 from trident.protocol import kserve
 from trident.types import InferenceRequest, InferenceResponse
 
@@ -210,6 +215,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
         endpoint = InferEndpoint(server)
     limit = endpoint.limit
     restrictions = endpoint.restrictions
+    openai_app = make_openai_app(server)  # the OpenAI-compatible routes under /v1 (trident.openai)
 
     def check_restricted(scope: Scope, category: str) -> None:
         """Raises HTTPError(403) when ``category`` needs a header the request lacks."""
@@ -358,6 +364,11 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
+        if path == OPENAI_PREFIX or path.startswith(OPENAI_PREFIX + "/"):
+            if restrictions:
+                check_restricted(scope, "metadata" if path.startswith(OPENAI_PREFIX + "/models") else "inference")
+            await openai_app(scope, receive, send)
+            return
         if path.startswith("/v2/models/"):
             if path == "/v2/models/stats":
                 if restrictions:
