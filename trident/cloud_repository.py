@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trident import DISTRIBUTION
-from trident.errors import TritonError, internal, unsupported
+from trident.errors import internal, unsupported
 
 log = logging.getLogger("trident.repository")
 
@@ -137,11 +137,9 @@ class CloudRepository:
         base = f"{self.location.root}/{prefix}".rstrip("/")
         try:
             fs.invalidate_cache()
-            if not prefix and not fs.exists(self.location.root.split("/")[0]):
-                raise FileNotFoundError(self.location.root)
             found = fs.find(base, detail=True, withdirs=False, maxdepth=None)
-        except TritonError:
-            raise
+            if not found and not prefix:
+                fs.ls(self.location.root.split("/")[0])  # no such bucket: FileNotFoundError
         except Exception as e:
             raise internal(_reason(self.url, e)) from None
         if len(found) > MAX_OBJECTS:
