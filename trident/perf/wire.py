@@ -4,8 +4,9 @@ Nothing here touches a socket. The HTTP/1.1 side builds one keep-alive POST (the
 extension) whose bytes are sent unchanged for every request, and :class:`HTTPResponseReader`
 finds where each response ends (``Content-Length``). The gRPC side encodes ``ModelInferRequest``
 by hand (a few protobuf fields) and :class:`H2Connection` is a minimal HTTP/2 client: one
-prebuilt HPACK block for every call (no dynamic-table entries; our SETTINGS ask the server for a
-header table of size 0, so response header blocks can be decoded once and cached), DATA sent
+prebuilt HPACK block for every call (after the first, only indexes into the server's dynamic
+table; our SETTINGS ask the server for a header table of size 0 for its responses, so their
+header blocks can be decoded once and cached), DATA sent
 within the peer's flow-control windows, and the received bytes handed back per stream.
 :func:`decode_fields` is a generic protobuf reader for the few responses the tool looks into
 (metadata, config, statistics, stream responses).
@@ -93,8 +94,19 @@ class HTTPResponseReader:
         self._need = -1  # body bytes still to come for the current response, -1: reading a head
         self._status = 0
         self._error_body = False
+        self._last_ok = b""  # the last 200 response whole, when it came in one piece
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        if data == self._last_ok and self._need < 0 and not self._buf:  # the same answer again
+            return [(200, b"")]
+        if self._need < 0 and not self._buf:
+            done = self._feed(data)
+            if len(done) == 1 and done[0][0] == 200 and not self._buf and self._need < 0 and len(data) < 4096:
+                self._last_ok = data
+            return done
+        return self._feed(data)
+
+    def _feed(self, data: bytes) -> list[tuple[int, bytes]]:
         self._buf += data
         done: list[tuple[int, bytes]] = []
         while True:
@@ -312,6 +324,7 @@ class H2Connection:
         self._decoder.max_allowed_table_size = 0  # our SETTINGS forbid the dynamic table: blocks cache by bytes
         self._header_cache: dict[bytes, list[tuple[str, str]]] = {}
         self._blocks: dict[str, bytes] = {}
+        self._encoder = hpack.Encoder()  # only the first request per path adds table entries
         self._header_buf: dict[int, tuple[bytearray, int]] = {}
         self.messages: dict[int, bytearray] = {}
 
@@ -321,15 +334,15 @@ class H2Connection:
                 + _frame(_WINDOW, 0, 0, struct.pack(">I", _OUR_WINDOW - 65535)))
 
     def _block(self, path: str) -> bytes:
+        """The request's HPACK block: the first one for a path adds its fields to the server's
+        dynamic table, every later one is the same few bytes of indexes."""
         block = self._blocks.get(path)
         if block is None:
-            enc = hpack.Encoder()
-            enc.header_table_size = 0
             headers = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", self.authority),
                        ("content-type", "application/grpc"), ("te", "trailers")]
-            block = enc.encode([hpack.NeverIndexedHeaderTuple(k, v) if k not in (":method", ":scheme") else (k, v)
-                                for k, v in headers])
-            self._blocks[path] = block
+            first = self._encoder.encode(headers)
+            self._blocks[path] = self._encoder.encode(headers)
+            return first
         return block
 
     @property

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import errno
 import random
-import selectors
+import select
 import socket
 import time
 from collections import deque
@@ -69,8 +69,10 @@ class _Worker:
     def __init__(self, conn: Connection, spec: WorkerSpec) -> None:
         self.pipe = conn
         self.spec = spec
-        self.sel = selectors.DefaultSelector()
-        self.sel.register(conn.fileno(), selectors.EVENT_READ, None)
+        self.ep = select.epoll()
+        self.pipe_fd = conn.fileno()
+        self.ep.register(self.pipe_fd, select.EPOLLIN)
+        self.by_fd: dict[int, _Conn] = {}
         self.conns: list[_Conn] = []
         self.idle: deque[_Conn] = deque()
         self.records: list[tuple[int, int, int, int, int]] = []
@@ -79,6 +81,9 @@ class _Worker:
         self.payloads = spec.payloads
         self.turn = 0
         self.busy = 0  # requests in flight
+        # connections whose next request goes out once this poll's events are handled (as wrk
+        # does: answers first, then the new requests, rather than one connection at a time)
+        self.to_send: list[_Conn] = []
         self.backlog = 0  # rate mode: scheduled requests waiting for a connection
         self.mode = "idle"
         self.target = 0
@@ -106,17 +111,17 @@ class _Worker:
             if self.spec.protocol == "stream":
                 c.stream = c.h2.start("/inference.GRPCInferenceService/ModelStreamInfer")
                 c.out += c.h2.outgoing()
-        self.sel.register(sock, selectors.EVENT_READ, c)
+        self.ep.register(sock.fileno(), select.EPOLLIN)
+        self.by_fd[sock.fileno()] = c
         self.conns.append(c)
         return c
 
     def _drop(self, c: _Conn, why: str) -> None:
         if c.busy:
             self._finish(c, ok=False, message=why)
-        try:
-            self.sel.unregister(c.sock)
-        except (KeyError, ValueError):
-            pass
+        fd = c.sock.fileno()
+        if self.by_fd.pop(fd, None) is not None:
+            self.ep.unregister(fd)
         c.sock.close()
         if c in self.conns:
             self.conns.remove(c)
@@ -159,7 +164,7 @@ class _Worker:
             return
         if n < len(data):
             c.out = data[n:]
-            self.sel.modify(c.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, c)
+            self.ep.modify(c.sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
 
     def _finish(self, c: _Conn, ok: bool, message: str = "") -> None:
         end = time.monotonic_ns()
@@ -227,12 +232,12 @@ class _Worker:
     def _next(self, c: _Conn) -> None:
         if c not in self.conns:
             return
-        if self.mode == "concurrency" and not self.pausing and self.busy < self.target:
-            self._send(c)
+        if self.mode == "concurrency" and not self.pausing and self.busy + len(self.to_send) < self.target:
+            self.to_send.append(c)
             return
         if self.mode == "rate" and not self.pausing and self.backlog:
             self.backlog -= 1
-            self._send(c)
+            self.to_send.append(c)
             return
         self.idle.append(c)
 
@@ -290,9 +295,8 @@ class _Worker:
             timeout = max(0, self.last_flush + _FLUSH_NS - now)
             if self.mode == "rate" and not self.pausing:
                 timeout = min(timeout, max(0, self.next_send - now))
-            for key, mask in self.sel.select(timeout / 1e9):
-                c = key.data
-                if c is None:
+            for fd, mask in self.ep.poll(timeout / 1e9):
+                if fd == self.pipe_fd:
                     try:
                         running = self._command(self.pipe.recv())
                     except PerfError as e:
@@ -302,12 +306,20 @@ class _Worker:
                     except EOFError:
                         running = False
                     continue
-                if mask & selectors.EVENT_WRITE and c.out:
+                c = self.by_fd.get(fd)
+                if c is None:
+                    continue
+                if mask & select.EPOLLOUT and c.out:
                     data, c.out = c.out, b""
-                    self.sel.modify(c.sock, selectors.EVENT_READ, c)
+                    self.ep.modify(fd, select.EPOLLIN)
                     self._write(c, data)
-                if mask & selectors.EVENT_READ and c in self.conns:
+                if mask & (select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP) and fd in self.by_fd:
                     self._readable(c)
+            if self.to_send:
+                batch, self.to_send = self.to_send, []
+                for c in batch:
+                    if c in self.conns:
+                        self._send(c)
             now = time.monotonic_ns()
             if self.mode == "rate" and not self.pausing:
                 try:
@@ -322,6 +334,7 @@ class _Worker:
                 self._flush(now)
         for c in list(self.conns):
             c.sock.close()
+        self.ep.close()
 
 
 def _final(fields: dict[int, list[object]]) -> bool:
