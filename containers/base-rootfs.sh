@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The local base image for Dockerfile.cpu where no container registry is reachable: a Debian
+# root filesystem built with mmdebstrap from the Debian mirror (Python 3.11 from Debian), imported
+# into podman's store as $BASE_IMAGE. Where a registry is reachable, Dockerfile.cpu's default base
+# (the official python image) is used instead and this script is not needed.
+#
+#   containers/base-rootfs.sh            # builds localhost/trident-base:bookworm unless present
+#   BASE_REBUILD=1 containers/base-rootfs.sh
+#
+# Needs root (or a user namespace mmdebstrap can use), mmdebstrap and podman.
+set -euo pipefail
+BASE_IMAGE=${BASE_IMAGE:-localhost/trident-base:bookworm}
+SUITE=${SUITE:-bookworm}
+MIRROR=${MIRROR:-http://deb.debian.org/debian}
+if [[ -z ${BASE_REBUILD:-} ]] && podman image exists "$BASE_IMAGE"; then
+    echo "base-rootfs: $BASE_IMAGE present"
+    exit 0
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# The packages the image needs at run time: Python with venv (ensurepip), CA certificates (s3://
+# and https downloads from models), passwd (useradd for the non-root user), netbase (/etc/services).
+# Documentation, man pages and locales are left out; apt's lists are removed by mmdebstrap.
+nice -n 19 mmdebstrap --variant=apt --format=tar \
+    --include=python3,python3-venv,ca-certificates,passwd,netbase \
+    --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt='path-exclude=/usr/share/info/*' \
+    "$SUITE" "$work/rootfs.tar" "deb $MIRROR $SUITE main" "deb $MIRROR-security $SUITE-security main"
+podman import --change 'CMD ["/bin/bash"]' --change 'ENV LANG=C.UTF-8' \
+    "$work/rootfs.tar" "$BASE_IMAGE" >/dev/null
+echo "base-rootfs: $BASE_IMAGE imported ($(podman run --rm "$BASE_IMAGE" python3 --version))"

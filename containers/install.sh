@@ -1,0 +1,67 @@
+#!/bin/sh
+# The one install script of both images (Dockerfile.cpu, Dockerfile.gpu) on every base (the
+# official python image, the local mmdebstrap base, the CUDA runtime image). Two steps, run as
+# root during the build:
+#
+#   install.sh venv SRC [EXTRAS]   build stage: /opt/trident/venv with trident from the source tree
+#                                  SRC and the comma-separated EXTRAS, versions pinned by
+#                                  SRC/containers/constraints.txt; the image's health check
+#   install.sh runtime             final stage, after /opt/trident is copied in: the non-root user
+#                                  trident (uid/gid 1000), /models holding the bundled example
+#                                  repository (the default; mount a repository over it), and
+#                                  trident, tritonserver and trident-healthcheck on PATH
+#
+# PYTHON names the interpreter (default python3 on PATH: /usr/local/bin/python3 in the official
+# image, /usr/bin/python3 on Debian and Ubuntu).
+set -eu
+PREFIX=/opt/trident
+VENV=$PREFIX/venv
+PYTHON=${PYTHON:-python3}
+
+step=${1:?usage: install.sh venv SRC [EXTRAS] | install.sh runtime}
+case $step in
+venv)
+    src=${2:?install.sh venv SRC [EXTRAS]}
+    extras=${3:-}
+    "$PYTHON" -m venv "$VENV"
+    # the constraints apply to trident's dependencies and, through the environment, to the
+    # setuptools and wheel of pip's isolated build environment
+    export PIP_CONSTRAINT="$src/containers/constraints.txt" PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+    "$VENV/bin/pip" install --quiet --no-compile "pip==$(sed -n 's/^pip==//p' "$PIP_CONSTRAINT")"
+    "$VENV/bin/pip" install --quiet --no-compile "$src${extras:+[$extras]}"
+    { echo "#!$VENV/bin/python"; cat "$src/containers/healthcheck.py"; } > "$VENV/bin/trident-healthcheck"
+    chmod 0755 "$VENV/bin/trident-healthcheck"
+    # byte-compile once here (the root filesystem may be read-only at run time); tests shipped
+    # inside wheels are not needed
+    find "$VENV" -depth -type d \( -name tests -o -name test \) -path '*/site-packages/*' \
+        ! -path '*/trident/*' -exec rm -rf {} +
+    "$VENV/bin/python" -m compileall -q -j 0 "$VENV/lib" >/dev/null
+    "$VENV/bin/trident" --help >/dev/null
+    ;;
+runtime)
+    test -x "$VENV/bin/trident" || { echo "install.sh runtime: $VENV missing (run the venv step)" >&2; exit 1; }
+    # uid/gid 1000 is trident's (Kubernetes' runAsUser): a base image's own user 1000 (Ubuntu's
+    # "ubuntu") gives way
+    other=$(getent passwd 1000 | cut -d: -f1)
+    if [ -n "$other" ] && [ "$other" != trident ]; then userdel --remove "$other" 2>/dev/null || userdel "$other"; fi
+    other=$(getent group 1000 | cut -d: -f1)
+    if [ -n "$other" ] && [ "$other" != trident ]; then groupdel "$other"; fi
+    if ! getent group trident >/dev/null; then groupadd --gid 1000 trident; fi
+    if ! getent passwd trident >/dev/null; then
+        useradd --uid 1000 --gid 1000 --home-dir /home/trident --create-home \
+            --shell /usr/sbin/nologin trident
+    fi
+    for cmd in trident tritonserver trident-healthcheck; do
+        ln -sf "$VENV/bin/$cmd" "/usr/local/bin/$cmd"
+    done
+    example=$("$VENV/bin/python" -c 'from trident.options import EXAMPLE_REPOSITORY; print(EXAMPLE_REPOSITORY)')
+    rm -rf /models
+    cp -r "$example" /models
+    find /models -name __pycache__ -prune -exec rm -rf {} +
+    chmod -R a+rX,go-w /models
+    ;;
+*)
+    echo "install.sh: unknown step $step (venv or runtime)" >&2
+    exit 2
+    ;;
+esac

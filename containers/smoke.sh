@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The in-container smoke tests (tests/containers) against the built image, with tritonclient
+# HTTP and gRPC, the metrics scrape, bad input, a read-only root with a mounted repository and
+# the SIGTERM drain; then, when TRIDENT_GPU_CHECK_IMAGE names an image (containers/ci.sh builds
+# Dockerfile.gpu on the CPU base as localhost/trident:gpu-check), the GPU install check.
+#   containers/smoke.sh                     # TRIDENT_IMAGE=localhost/trident:cpu
+#   TRIDENT_IMAGE=trident:cpu containers/smoke.sh -k sigterm
+# Needs the test extra in the active environment (pip install -e ".[test]").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. containers/podman-env.sh
+tests=(tests/containers/test_image.py)
+if [[ -n ${TRIDENT_GPU_CHECK_IMAGE:-} ]]; then
+    tests+=(tests/containers/test_gpu_install.py)
+fi
+exec python -m pytest -q -s -p no:cacheprovider \
+    "${tests[@]}" "$@"
