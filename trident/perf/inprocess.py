@@ -4,7 +4,7 @@ process, with no sockets, to tell server cost from transport cost.
 The server and the load run on one trio loop: ``c`` tasks each keep one request in flight
 (concurrency), or a scheduler starts one task per request at the planned times (request rate,
 at most ``--max-threads`` or 1024 in flight). The engine's measuring code
-(:func:`trident.perf.engine._sweep`) runs unchanged on a worker thread owned by the trio nursery
+(:func:`trident.perf.sweep.sweep`) runs unchanged on a worker thread owned by the trio nursery
 (``trio.to_thread.run_sync``), fed through :class:`_InProcessLoad` and :class:`_InProcessControl`,
 which stand in for the worker processes and the control client. The CPU reported is this whole
 process's: server and load together.
@@ -25,7 +25,7 @@ from trident.perf.control import Control
 from trident.perf.inputs import InputSpec, ModelInfo, build_requests, parse_shapes
 from trident.perf.measure import ServerStats, server_stats_from_json
 from trident.perf.options import MAX_CONNECTIONS, PerfOptions
-from trident.perf.report import closing_text, csv_text, json_text, settings_text
+from trident.perf.report import settings_text
 from trident.perf.wire import PerfError
 from trident.perf.wire import Tensor as WireTensor
 
@@ -250,7 +250,7 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:  # type: ignore[t
 
 
 async def _measure(server: Any, o: PerfOptions, out: TextIO, err: TextIO) -> int:
-    from trident.perf.engine import _Progress, _sweep
+    from trident.perf.sweep import Progress, sweep, write_outputs
 
     token = trio.lowlevel.current_trio_token()
     control = _InProcessControl(server, token)
@@ -266,7 +266,7 @@ async def _measure(server: Any, o: PerfOptions, out: TextIO, err: TextIO) -> int
         async def measure() -> None:
             try:
                 box["results"] = await trio.to_thread.run_sync(
-                    _sweep, o, control, load, info, _Progress(err, o.verbose), out)  # type: ignore[arg-type]
+                    sweep, o, control, load, info, Progress(err, o.verbose), out)  # type: ignore[arg-type]
             except PerfError as e:
                 box["error"] = e
             finally:
@@ -276,12 +276,5 @@ async def _measure(server: Any, o: PerfOptions, out: TextIO, err: TextIO) -> int
         nursery.start_soon(measure)
     if "error" in box:
         raise box["error"]
-    results = box["results"]
-    out.write(closing_text(o, results))
-    if o.csv_file:
-        with open(o.csv_file, "w") as f:
-            f.write(csv_text(o, results))
-    if o.json_file:
-        with open(o.json_file, "w") as f:
-            f.write(json_text(o, results))
+    write_outputs(o, box["results"], out)
     return 0
