@@ -5,7 +5,8 @@ Each stream is one sequence over its own ModelStreamInfer; its chunk k (512 samp
 microphones would be) and is sent then. Latency of a chunk is from its due time (the moment its
 32 ms of audio is complete) to its speech probability arriving, so a client that falls behind
 counts against the figure too. The server is pinned to core 0, this client to the others; all
-streams share one asyncio loop and one gRPC channel (tritonclient.grpc.aio's stream_infer).
+streams share one asyncio loop (tritonclient.grpc.aio's stream_infer), each on its own
+connection.
 
     python -m examples.streaming.bench_audio --streams 1,16,32,64 --seconds 5
 """
@@ -62,18 +63,23 @@ async def _one_stream(client: grpcaio.InferenceServerClient, pieces: list[np.nda
 
 async def _run(url: str, pieces: list[np.ndarray], n: int, steps: int) -> tuple[list[float], int]:
     lat: list[float] = []
-    async with grpcaio.InferenceServerClient(url) as client:
-        t0 = time.perf_counter() + 0.2
+    clients = [grpcaio.InferenceServerClient(url) for _ in range(n)]  # one connection per microphone
+    try:
+        t0 = time.perf_counter() + 0.2 + 0.005 * n
         errors = await asyncio.gather(*(
-            _one_stream(client, pieces, t0 + i * PERIOD / n, steps, 10_000 + i, lat) for i in range(n)))
+            _one_stream(c, pieces, t0 + i * PERIOD / n, steps, 10_000 + i, lat) for i, c in enumerate(clients)))
+    finally:
+        for c in clients:
+            await c.close()
     return lat, sum(errors)
 
 
 def run_streams(url: str, audio: np.ndarray, n: int, seconds: float) -> tuple[np.ndarray, int]:
     """``n`` real-time streams for ``seconds``; returns per-chunk latencies (s) and the error count.
 
-    The streams share one asyncio loop and one gRPC channel (tritonclient.grpc.aio), a far
-    lighter client than a thread pair per stream, so the figure is the server's."""
+    The streams share one asyncio loop (tritonclient.grpc.aio), a far lighter client than a
+    thread pair per stream; each has its own gRPC channel (connection), as separate microphones
+    would."""
     steps = max(1, int(seconds / PERIOD))
     lat, errors = asyncio.run(_run(url, list(chunks(audio)), n, steps))
     return np.array(lat), errors
