@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 
 from trident.perf.wire import (
-    H2Connection, HTTPResponseReader, PerfError, Tensor, decode_fields, grpc_infer_message, grpc_messages,
+    H2Connection,
+    HTTPResponseReader,
+    PerfError,
+    Tensor,
+    decode_fields,
+    grpc_infer_message,
+    grpc_messages,
     http_infer_request,
 )
 from trident.protocol.grpc_codec import decode_model_infer_request
