@@ -7,7 +7,9 @@ back as :class:`InferenceResponse` through the request's response channel.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +68,8 @@ class InferenceRequest:
     ``model_version`` is the version string from the wire ("" = chosen by the version policy).
     ``outputs`` empty means "every output". ``cancelled`` is set (never cleared) when the
     client goes away or the request's deadline passes; schedulers drop such requests before
-    batch assembly and backends may poll it.
+    batch assembly, backends may read it, and code that must act on it registers
+    :meth:`on_cancel` (called once, when it is set) instead of polling.
     """
 
     model_name: str
@@ -87,6 +90,8 @@ class InferenceRequest:
     #: > 0: a decoupled model sending from its own thread blocks while this many of the
     #: request's responses are waiting to be consumed (ensemble ``max_inflight_requests``)
     response_window: int = 0
+    _on_cancel: list[Callable[[], None]] | None = field(default=None, repr=False)
+    _cancel_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def input(self, name: str) -> Tensor | None:
         for t in self.inputs:
@@ -95,8 +100,28 @@ class InferenceRequest:
         return None
 
     def cancel(self) -> None:
-        """Mark the request cancelled (idempotent, callable from any thread)."""
-        self.cancelled = True
+        """Mark the request cancelled and call the :meth:`on_cancel` callbacks, once
+        (idempotent, callable from any thread; the callbacks run on the caller's thread)."""
+        if self.cancelled:
+            return
+        with self._cancel_lock:
+            if self.cancelled:
+                return
+            self.cancelled = True
+            callbacks, self._on_cancel = self._on_cancel or [], None
+        for callback in callbacks:
+            callback()
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` when the request is cancelled (now, on this thread, if it already
+        is). It must not block: it runs on the thread that cancels (often the event loop)."""
+        with self._cancel_lock:
+            if not self.cancelled:
+                if self._on_cancel is None:
+                    self._on_cancel = []
+                self._on_cancel.append(callback)
+                return
+        callback()
 
 
 #: the parameter that marks a flag-only final response (no outputs, only the final flag)

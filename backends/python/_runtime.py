@@ -7,12 +7,13 @@ scheduler, exactly like a request from a front end.
 
 Cancellation: a BLS call runs under its own cancel scope. ``ResponseIterator.cancel()`` cancels
 it, and so does the cancellation of every parent request (the batch ``execute`` was running
-when the call was made), polled every :data:`PARENT_POLL_SECS`. Cancelling the scope cancels the
-callee's request, as a client disconnect does.
+when the call was made), delivered by the parents' ``on_cancel``. Cancelling the scope cancels
+the callee's request, as a client disconnect does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +26,6 @@ from trident.backends.python import _convert, pb_utils
 from trident.errors import Code, TritonError
 from trident.types import InferenceRequest, InferenceResponse
 
-PARENT_POLL_SECS = 0.01
 _END = object()
 
 
@@ -54,7 +54,7 @@ class BlsCall:
         self._token = token
         self._request = request
         self._decoupled = decoupled
-        self._parents = [p for p in parents if hasattr(p, "cancelled")]
+        self._parents = [p for p in parents if hasattr(p, "on_cancel")]
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._scope: trio.CancelScope | None = None
         self._cancel_requested = False
@@ -85,27 +85,28 @@ class BlsCall:
             self._scope = scope
             if self._cancel_requested:
                 scope.cancel()
-            async with trio.open_nursery() as nursery:
-                if self._parents:
-                    nursery.start_soon(self._watch_parents, scope)
-                try:
-                    if self._decoupled:
-                        await self._server.infer_stream(self._request, self._send)
-                    else:
-                        response = await self._server.infer(
-                            self._request, endpoint="BLS exec() (use exec(decoupled=True))"
-                        )
-                        self._send_nowait(response)
-                except TritonError as e:
-                    self._put_error(e.code, e.message)
-                nursery.cancel_scope.cancel()
+            token = self._token
+            parents = self._parents
+
+            def parent_cancelled() -> None:  # on the thread that cancels a parent
+                if all(p.cancelled for p in parents):
+                    with contextlib.suppress(trio.RunFinishedError):
+                        token.run_sync_soon(scope.cancel)
+
+            for parent in parents:
+                parent.on_cancel(parent_cancelled)
+            try:
+                if self._decoupled:
+                    await self._server.infer_stream(self._request, self._send)
+                else:
+                    response = await self._server.infer(
+                        self._request, endpoint="BLS exec() (use exec(decoupled=True))"
+                    )
+                    self._send_nowait(response)
+            except TritonError as e:
+                self._put_error(e.code, e.message)
         if scope.cancelled_caught and not self._final_seen:
             self._put_error(Code.CANCELLED, f"BLS request to model '{self._request.model_name}' was cancelled")
-
-    async def _watch_parents(self, scope: trio.CancelScope) -> None:
-        while not all(p.cancelled for p in self._parents):
-            await trio.sleep(PARENT_POLL_SECS)
-        scope.cancel()
 
     async def _send(self, response: InferenceResponse) -> None:
         self._send_nowait(response)

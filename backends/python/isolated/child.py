@@ -294,7 +294,7 @@ class ModelProcess:
             elif kind == "cancelled":
                 request = self.requests.get(message[1])
                 if request is not None:
-                    request.cancelled = True
+                    request.cancel()
             elif kind == "is_ready":
                 threading.Thread(target=self._answer_ready, args=(message[1],), daemon=True).start()
 

@@ -10,15 +10,16 @@ thread per instance tells the process which of its requests were cancelled.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,6 @@ from trident.types import InferenceRequest, InferenceResponse
 log = logging.getLogger("trident.backends.python.isolated")
 model_log = logging.getLogger("trident.model")
 
-CANCEL_POLL_SECS = 0.01
 READY_TIMEOUT_SECS = 5.0  # Triton's is_ready timeout
 FINALIZE_TIMEOUT_SECS = 30.0
 _CHILD = "trident.backends.python.isolated.child"
@@ -168,10 +168,9 @@ class IsolatedInstance(ModelInstance):
         self._process: _Process | None = None
         self._inflight: dict[int, InferenceRequest] = {}  # rid -> request (decoupled: until final)
         self._owner: dict[int, _Process] = {}  # rid -> the process working on it
-        self._notified: set[int] = set()
+        self._cancelled: queue.SimpleQueue[int | None] = queue.SimpleQueue()  # rids, None: stop
         self._executing: set[int] = set()
         self._closing = False
-        self._wake = threading.Condition(self._lock)
         self.restarts = 0
         self._start_process()
         self._watcher = threading.Thread(target=self._watch_cancellations, name="trident-cancel-watch",
@@ -419,21 +418,18 @@ class IsolatedInstance(ModelInstance):
     # ---- cancellation watcher ----------------------------------------------------------------
 
     def _watch_cancellations(self) -> None:
+        """Tell the model process about each request cancelled while it works on it (the
+        requests' ``on_cancel`` queue their ids; the send happens here, off the thread that
+        cancelled, which is often the event loop). Ends at :meth:`finalize`."""
         while True:
+            rid = self._cancelled.get()
+            if rid is None:
+                return
             with self._lock:
-                while not self._inflight and not self._closing:
-                    self._wake.wait()
-                if self._closing:
-                    return
-                newly = [rid for rid, r in self._inflight.items() if r.cancelled and rid not in self._notified]
-                self._notified.update(newly)
-                self._notified.intersection_update(self._inflight)
-                process = self._process
-            if newly and process is not None and process.alive:
-                for rid in newly:
-                    with contextlib.suppress(wire.ChannelClosed):
-                        process.channel.send(("cancelled", rid))
-            time.sleep(CANCEL_POLL_SECS)
+                process = self._owner.get(rid) if rid in self._inflight else None
+            if process is not None and process.alive:
+                with contextlib.suppress(wire.ChannelClosed):
+                    process.channel.send(("cancelled", rid))
 
     # ---- ModelInstance ---------------------------------------------------------------------
 
@@ -463,7 +459,8 @@ class IsolatedInstance(ModelInstance):
                 self._inflight[rid] = request
                 self._owner[rid] = process
                 self._executing.add(rid)
-            self._wake.notify_all()
+        for rid, request in zip(rids, requests, strict=True):
+            request.on_cancel(functools.partial(self._cancelled.put, rid))
         try:
             try:
                 if not process.alive:
@@ -534,7 +531,7 @@ class IsolatedInstance(ModelInstance):
         """
         with self._lock:
             self._closing = True
-            self._wake.notify_all()
+        self._cancelled.put(None)
         with self._start_lock:  # a restart in progress finishes first (and none starts after)
             process = self._process
         error = None
