@@ -148,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Load generator and latency report for trident or Triton, with "
                                       "perf_analyzer's flags, report and CSV layout.")
     add_perf_arguments(perf)
+    from trident.perf.analyze import add_analyze_arguments
+
+    analyze = sub.add_parser("analyze", help="sweep model configs and pick the best under a latency budget",
+                             formatter_class=_HelpFormatter,
+                             description="Load each candidate config through the model-control API, measure it "
+                                         "with the trident perf engine, and write a report with the Pareto front, "
+                                         "the chosen config.pbtxt and plots.")
+    add_analyze_arguments(analyze)
     return parser
 
 
@@ -399,6 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "perf":
         return _perf(args)
+    if args.command == "analyze":
+        return _analyze(args)
     if args.command != "serve":
         parser.print_help()
         return 2
@@ -418,6 +428,21 @@ def _perf(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         sys.stderr.write("trident perf: interrupted\n")
+        return 130
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    """``trident analyze``: a failure is one line on stderr and exit status 1."""
+    from trident.perf.analyze import run_analyze
+    from trident.perf.wire import PerfError
+
+    try:
+        return run_analyze(args)
+    except PerfError as e:
+        sys.stderr.write(f"trident analyze: error: {e}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("trident analyze: interrupted (the models' own configs were restored)\n")
         return 130
 
 
