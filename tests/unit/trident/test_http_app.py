@@ -474,7 +474,7 @@ async def test_unsupported_and_unknown_routes(client: ASGIDriver) -> None:
         assert "start it with --allow-client-shm=true" in reply.json()["error"]
     assert (await client.request("POST", "/v2/systemsharedmemory/status")).status == 405
     assert (await client.request("GET", "/v2/models/add_sub/generate")).status == 405
-    for path in ("/", "/v1/models", "/v2/models/a/b/c", "/v2/models/a/versions/x", "/v2/health"):
+    for path in ("/", "/v1x/models", "/v2/models/a/b/c", "/v2/models/a/versions/x", "/v2/health"):
         reply = await client.request("GET", path)
         assert reply.status == 404 and reply.json() == {"error": "Not Found"}, path
 
