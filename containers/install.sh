@@ -7,7 +7,7 @@
 #                                  SRC and the comma-separated EXTRAS, versions pinned by
 #                                  SRC/containers/constraints.txt; the image's health check
 #   install.sh runtime             final stage, after /opt/trident is copied in: the non-root user
-#                                  trident (uid/gid 1000), /models holding the bundled example
+#                                  trident (uid/gid 10001), /models holding the bundled example
 #                                  repository (the default; mount a repository over it), and
 #                                  trident, tritonserver and trident-healthcheck on PATH
 #
@@ -40,15 +40,11 @@ venv)
     ;;
 runtime)
     test -x "$VENV/bin/trident" || { echo "install.sh runtime: $VENV missing (run the venv step)" >&2; exit 1; }
-    # uid/gid 1000 is trident's (Kubernetes' runAsUser): a base image's own user 1000 (Ubuntu's
-    # "ubuntu") gives way
-    other=$(getent passwd 1000 | cut -d: -f1)
-    if [ -n "$other" ] && [ "$other" != trident ]; then userdel --remove "$other" 2>/dev/null || userdel "$other"; fi
-    other=$(getent group 1000 | cut -d: -f1)
-    if [ -n "$other" ] && [ "$other" != trident ]; then groupdel "$other"; fi
-    if ! getent group trident >/dev/null; then groupadd --gid 1000 trident; fi
+    # a high uid/gid (10001, the manifests' runAsUser): no clash with a base image's users
+    # (Ubuntu's 1000) or a host's when user namespaces are off
+    if ! getent group trident >/dev/null; then groupadd --gid 10001 trident; fi
     if ! getent passwd trident >/dev/null; then
-        useradd --uid 1000 --gid 1000 --home-dir /home/trident --create-home \
+        useradd --uid 10001 --gid 10001 --home-dir /home/trident --create-home \
             --shell /usr/sbin/nologin trident
     fi
     for cmd in trident tritonserver trident-healthcheck; do

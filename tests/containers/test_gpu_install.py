@@ -30,7 +30,7 @@ def gpu_image() -> dict:
 
 def test_gpu_image_configuration(gpu_image: dict) -> None:
     config = gpu_image["Config"]
-    assert config["User"] == "1000:1000"
+    assert config["User"] == "10001:10001"
     assert gpu_image["Healthcheck"]["Test"] == ["CMD", "trident-healthcheck"]
     env = dict(e.split("=", 1) for e in config["Env"])
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and "compute" in env["NVIDIA_DRIVER_CAPABILITIES"]
@@ -40,7 +40,7 @@ def test_gpu_image_configuration(gpu_image: dict) -> None:
 def test_gpu_extras_installed_and_the_server_serves(gpu_image: dict) -> None:
     c = run_container(image=GPU_IMAGE)
     try:
-        assert c.exec("id", "-u").stdout.strip() == "1000"
+        assert c.exec("id", "-u").stdout.strip() == "10001"
         # the GPU extra (pynvml) is installed; without a driver NVML cannot initialise
         probe = c.exec("python", "-c", "import pynvml; print(pynvml.__name__)")
         assert probe.returncode == 0 and probe.stdout.strip() == "pynvml", probe.stderr

@@ -39,7 +39,7 @@ def _metric(text: str, name: str, model: str) -> float:
 
 def test_image_configuration(image: dict) -> None:
     config = image["Config"]
-    assert config["User"] == "1000:1000"
+    assert config["User"] == "10001:10001"
     assert image["Healthcheck"]["Test"] == ["CMD", "trident-healthcheck"]  # exec form (podman: top level)
     assert set(config["ExposedPorts"]) == {"8000/tcp", "8001/tcp", "8002/tcp"}
     assert config["Cmd"] == ["trident", "serve", "--model-repository", "/models"]
@@ -48,7 +48,7 @@ def test_image_configuration(image: dict) -> None:
 
 
 def test_non_root_commands_on_path_and_the_example_repository(example: Container) -> None:
-    assert example.exec("id", "-u").stdout.strip() == "1000"
+    assert example.exec("id", "-u").stdout.strip() == "10001"
     for command in ("trident", "tritonserver", "trident-healthcheck"):
         assert example.exec("sh", "-c", f"command -v {command}").returncode == 0, command
     version = example.exec("tritonserver", "--version")
@@ -131,7 +131,7 @@ def test_bad_input_gets_tritons_errors_and_the_server_keeps_serving(example: Con
 
 
 def _readable_repo(root: Path) -> Path:
-    """A repository the container's user (uid 1000) can read through a bind mount."""
+    """A repository the container's user (uid 10001) can read through a bind mount."""
     for p in [root, *root.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     return root
