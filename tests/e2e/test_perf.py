@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -207,7 +208,8 @@ def triton(tmp_path_factory: pytest.TempPathFactory):
     env = {**os.environ, "HTTP_PORT": str(ports[0]), "GRPC_PORT": str(ports[1]), "METRICS_PORT": str(ports[2]),
            "TRITON_WORK": str(tmp_path_factory.mktemp("triton-work"))}
     log = open(tmp_path_factory.mktemp("triton-log") / "log", "w")
-    proc = subprocess.Popen(["bash", str(script), str(TRITON_VENV), str(repo)], stdout=log, stderr=log, env=env)
+    proc = subprocess.Popen(["bash", str(script), str(TRITON_VENV), str(repo), "--model-control-mode=explicit",
+                             "--load-model=*"], stdout=log, stderr=log, env=env)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         try:
@@ -236,3 +238,117 @@ def test_against_the_real_triton(triton, protocol: str, tmp_path: Path):
     text = ok(perf("-m", "identity_fp32", "--shape", "INPUT0:16", "-i", protocol, "-u", f"127.0.0.1:{port}",
                    "--shared-memory", "system", *FAST))
     assert float(text.split("Throughput: ")[1].split()[0]) > 0
+
+
+# ---------------------------------------------------------------------------- trident analyze
+
+ANALYZE_FAST = ["-p", "200", "-r", "3", "-s", "1000", "--concurrency", "1,2"]
+
+
+def analyze(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trident", "analyze", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_analyze_starts_a_trident_and_writes_a_loadable_choice(repo: Path, tmp_path: Path):
+    out = tmp_path / "report"
+    p = analyze("--model-repository", str(repo), "-m", "add_sub", "--instance-count", "1,2", "--dynamic-batching",
+                "on", "--max-queue-delay-us", "0,100", "--latency-budget-ms", "1000", "--output-dir", str(out),
+                *ANALYZE_FAST)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "4/4 instances=2,max_batch=8,dynamic(delay=100us)" in p.stdout
+    results = json.loads((out / "results.json").read_text())["models"]["add_sub"]
+    assert len(results["points"]) == 8 and results["best"] is not None and results["front"]
+    best = results["best"]
+    assert best["throughput"] == max(pt["throughput"] for pt in results["points"])  # the budget is generous
+    for png in ("throughput_vs_concurrency.png", "latency_vs_throughput.png"):
+        assert (out / "add_sub" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"add_sub/{png}" in (out / "index.html").read_text()
+    report = (out / "report.md").read_text()
+    assert "| config | concurrency | infer/sec | p50 us | p99 us | Pareto |" in report and "Chosen:" in report
+    # the chosen config.pbtxt serves as it is
+    from trident.options import EXAMPLE_REPOSITORY
+
+    served = tmp_path / "served"
+    shutil.copytree(EXAMPLE_REPOSITORY / "add_sub", served / "add_sub")
+    shutil.copy(out / "add_sub" / "config.pbtxt", served / "add_sub" / "config.pbtxt")
+    s = start_server(repo=served)
+    try:
+        config = json.loads(urllib.request.urlopen(f"http://{s.http_url}/v2/models/add_sub/config").read())
+        count = int(best["candidate"].split(",")[0].split("=")[1])
+        assert config["instance_group"][0]["count"] == count and "dynamic_batching" in config
+    finally:
+        s.stop()
+
+
+def test_analyze_against_a_running_server_restores_the_config(repo: Path, tmp_path: Path):
+    s = start_server("--model-control-mode=explicit", "--load-model=add_sub", repo=repo)
+    try:
+        url = f"http://{s.http_url}/v2/models/add_sub/config"
+        before = json.loads(urllib.request.urlopen(url).read())
+        p = analyze("-u", s.http_url, "-m", "add_sub", "--instance-count", "2", "--dynamic-batching", "off",
+                    "--latency-budget-ms", "0.000001", "--output-dir", str(tmp_path / "r"), *ANALYZE_FAST)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "No config met the latency budget." in (tmp_path / "r" / "report.md").read_text()
+        assert not (tmp_path / "r" / "add_sub" / "config.pbtxt").exists()
+        assert json.loads(urllib.request.urlopen(url).read()) == before
+        # Ctrl-C in the middle: the model's own config comes back
+        proc = subprocess.Popen([sys.executable, "-m", "trident", "analyze", "-u", s.http_url, "-m", "add_sub",
+                                 "--instance-count", "2,3,4", "--output-dir", str(tmp_path / "r2"),
+                                 "-p", "300", "-r", "50", "-s", "0.0001", "--concurrency", "1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        assert "loading" in proc.stdout.readline()
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert "restored" in err
+        assert json.loads(urllib.request.urlopen(url).read()) == before
+    finally:
+        s.stop()
+
+
+def test_analyze_an_onnx_model_sweeps_threads(tmp_path: Path):
+    pytest.importorskip("onnxruntime")
+    from tests.unit.backends.test_onnxruntime import mlp_graph, write_onnx_model
+
+    root = tmp_path / "onnx"
+    write_onnx_model(root, "mlp", mlp_graph, "max_batch_size: 8\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n")
+    out = tmp_path / "report"
+    p = analyze("--model-repository", str(root), "-m", "mlp", "--instance-count", "1", "--dynamic-batching", "on",
+                "--threads", "1,2", "--output-dir", str(out), *ANALYZE_FAST)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "threads=1" in p.stdout and "threads=2" in p.stdout
+    best = (out / "mlp" / "config.pbtxt").read_text()
+    assert "intra_op_thread_count" in best
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "either --model-repository"),
+    (["--model-repository", "/nonexistent", "-u", "127.0.0.1:1"], "either --model-repository"),
+    (["--model-repository", "/nonexistent"], "not a folder"),
+    (["-u", "127.0.0.1:1", "--instance-count", "0"], "at least 1"),
+    (["-u", "127.0.0.1:1", "--dynamic-batching", "maybe"], "on, off"),
+])
+def test_analyze_bad_input(args, message):
+    p = analyze("-m", "add_sub", *args, timeout=60)
+    assert p.returncode == 1 and p.stderr.startswith("trident analyze: error: ") and p.stderr.count("\n") == 1
+    assert message in p.stderr
+
+
+def test_analyze_unknown_model_and_unreachable(server: RunningServer, tmp_path: Path):
+    p = analyze("-u", server.http_url, "-m", "nope", "--output-dir", str(tmp_path), *ANALYZE_FAST, timeout=60)
+    assert p.returncode == 1 and "nope" in p.stderr and p.stderr.count("\n") == 1
+    p = analyze("-u", f"127.0.0.1:{_closed_port()}", "-m", "add_sub", "--output-dir", str(tmp_path), timeout=60)
+    assert p.returncode == 1 and "cannot reach" in p.stderr
+
+
+def test_analyze_against_the_real_triton(triton, tmp_path: Path):
+    url = f"127.0.0.1:{triton[0]}"
+    before = json.loads(urllib.request.urlopen(f"http://{url}/v2/models/add_sub/config").read())
+    p = analyze("-u", url, "-m", "add_sub", "--instance-count", "1,2", "--dynamic-batching", "on",
+                "--output-dir", str(tmp_path / "r"), *ANALYZE_FAST)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (tmp_path / "r" / "add_sub" / "config.pbtxt").exists()
+    assert json.loads(urllib.request.urlopen(f"http://{url}/v2/models/add_sub/config").read()) == before

@@ -276,7 +276,7 @@ def run_analyze(a: argparse.Namespace, out: Any = sys.stdout) -> int:
     if not server.grpc_url and a.protocol == "grpc":
         raise PerfError("-i grpc with -u: give the HTTP URL with -u; measuring over gRPC needs --model-repository")
     report: dict[str, Any] = {"models": {}}
-    touched: list[str] = []
+    touched: dict[str, dict[str, Any]] = {}  # model -> its config before the sweep
     try:
         for model in a.models:
             base = server.call(f"/v2/models/{model}/config")
@@ -287,7 +287,7 @@ def run_analyze(a: argparse.Namespace, out: Any = sys.stdout) -> int:
             for i, cand in enumerate(cands):
                 out.write(f"[{model}] {i + 1}/{len(cands)} {cand.name}: loading\n")
                 out.flush()
-                touched.append(model)
+                touched.setdefault(model, base)
                 server.load(model, cand.config)
                 configs[cand.name] = cand.config
                 for c in levels:
@@ -302,9 +302,11 @@ def run_analyze(a: argparse.Namespace, out: Any = sys.stdout) -> int:
                                        "best": best.__dict__ if best else None, "configs": configs}
             _write_model_report(outdir, model, points, front, best, configs, a.latency_budget_ms)
     finally:
-        for model in dict.fromkeys(touched):
+        for model, original in touched.items():
             try:
-                server.load(model, None)  # back to the repository's own config
+                server.load(model, None)  # back to the repository's own files
+                if server.call(f"/v2/models/{model}/config") != original:
+                    server.load(model, original)  # a server that keeps the last override: the config as it was
             except PerfError as e:
                 sys.stderr.write(f"trident analyze: warning: could not restore {model}: {e}\n")
         server.stop()
