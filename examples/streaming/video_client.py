@@ -184,8 +184,9 @@ def main() -> None:
     for c, s in sorted(out.items()):
         lat = np.array([r.latency_s for r in s.results]) * 1e3
         hits = [iou(b, videos[c][r.index][1]) > 0.3 if (b := mask_box(r.mask, CELL)) else False for r in s.results]
+        p50, p99 = np.percentile(lat, [50, 99])
         print(f"camera {c}: {len(s.results)} answered, {s.dropped} dropped, {len(s.errors)} errors, "
-              f"text found in {sum(hits)}, latency p50 {np.percentile(lat, 50):.1f} ms p99 {np.percentile(lat, 99):.1f} ms")
+              f"text found in {sum(hits)}, latency p50 {p50:.1f} ms p99 {p99:.1f} ms")
 
 
 if __name__ == "__main__":
