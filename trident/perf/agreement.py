@@ -4,7 +4,9 @@ same server, model and request bytes: throughput and p50 at several concurrencie
     python -m trident.perf.agreement --http 127.0.0.1:8000 --grpc 127.0.0.1:8001 \\
         --model identity_fp32 --shape INPUT0:16 --concurrency 1,8,64 --seconds 4
 
-Prints a markdown table (req/s and p50 of each tool, and the differences). Needs ``wrk`` and
+Prints a markdown table (req/s and p50 of each tool, and the differences). wrk's percentiles are
+corrected for coordinated omission (it adds samples for requests it did not send while waiting),
+so raw latencies are compared with h2load's per-request log (``--h1`` for HTTP/1.1). Needs ``wrk`` and
 ``h2load`` on PATH. Each run lasts ``--seconds`` (plus a 1 s warm-up for wrk and h2load); the
 ``trident perf`` run uses three windows of a third of that.
 """
@@ -15,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,15 +71,22 @@ def _wrk(url: str, body: bytes, hdr: int, conc: int, seconds: float) -> tuple[fl
     return int(m.group(1)) / (int(m.group(2)) / 1e6), int(m.group(3)) / 1e3
 
 
-def _h2load(target: str, frame: bytes, conc: int, seconds: float) -> tuple[float, float]:
+def _h2load(target: str, frame: bytes, conc: int, seconds: float, h1_header: int = 0) -> tuple[float, float]:
+    """h2load's req/s and raw p50 (its --log-file): gRPC, or HTTP/1.1 (``--h1``) when
+    ``h1_header`` (the binary body's Inference-Header-Content-Length) is given."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "frame")
         log = os.path.join(d, "log")
         with open(path, "wb") as f:
             f.write(frame)
-        base = ["h2load", "-t1", "-c", str(conc), "-m", "1", "-d", path, "-H", "content-type: application/grpc",
-                "-H", "te: trailers"]
-        url = f"http://{target}/inference.GRPCInferenceService/ModelInfer"
+        if h1_header:
+            base = ["h2load", "--h1", "-t1", "-c", str(conc), "-m", "1", "-d", path,
+                    "-H", "content-type: application/octet-stream", "-H", f"inference-header-content-length: {h1_header}"]
+            url = target
+        else:
+            base = ["h2load", "-t1", "-c", str(conc), "-m", "1", "-d", path, "-H", "content-type: application/grpc",
+                    "-H", "te: trailers"]
+            url = f"http://{target}/inference.GRPCInferenceService/ModelInfer"
         subprocess.run([*base, "-D", "1", url], capture_output=True, timeout=60)
         p = subprocess.run([*base, "-D", f"{seconds:g}", f"--log-file={log}", url], capture_output=True, text=True,
                            timeout=seconds + 60)
@@ -96,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,8,64")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--protocols", default="http,grpc")
+    ap.add_argument("--repeat", type=int, default=1, help="interleaved runs per row; the medians are shown")
     a = ap.parse_args(argv)
     info = open_control("http", a.http).model_info(a.model, "")
     tensors = build_requests(info, 1, parse_shapes(a.shape), "random")[0]
@@ -108,16 +119,22 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for proto in a.protocols.split(","):
         for conc in (int(c) for c in a.concurrency.split(",")):
-            if proto == "http":
-                ref, ref_p50 = _wrk(f"http://{a.http}/v2/models/{a.model}/infer", body, hdr, conc, a.seconds)
-                name = "wrk"
-            else:
-                ref, ref_p50 = _h2load(a.grpc, frame, conc, a.seconds)
-                name = "h2load"
-            ours, p50, cpu = _perf(proto, a.http if proto == "http" else a.grpc, a.model, a.shape, conc, a.seconds)
-            print(f"| {proto} | {conc} | {name} | {ref:.0f} | {ours:.0f} | {100 * (ours - ref) / ref:+.1f}% | "
-                  f"{ref_p50:.2f} | {p50:.2f} | {100 * (p50 - ref_p50) / ref_p50 if ref_p50 else 0:+.1f}% | {cpu:.0f} |",
-                  flush=True)
+            runs: dict[str, list[tuple[float, float]]] = {}
+            mine: list[tuple[float, float, float]] = []
+            for _ in range(max(1, a.repeat)):
+                if proto == "http":
+                    infer_url = f"http://{a.http}/v2/models/{a.model}/infer"
+                    runs.setdefault("wrk", []).append(_wrk(infer_url, body, hdr, conc, a.seconds))
+                    runs.setdefault("h2load --h1", []).append(_h2load(infer_url, body, conc, a.seconds, h1_header=hdr))
+                else:
+                    runs.setdefault("h2load", []).append(_h2load(a.grpc, frame, conc, a.seconds))
+                mine.append(_perf(proto, a.http if proto == "http" else a.grpc, a.model, a.shape, conc, a.seconds))
+            ours, p50, cpu = (statistics.median(v) for v in zip(*mine, strict=True))
+            for name, values in runs.items():
+                ref, ref_p50 = (statistics.median(v) for v in zip(*values, strict=True))
+                print(f"| {proto} | {conc} | {name} | {ref:.0f} | {ours:.0f} | {100 * (ours - ref) / ref:+.1f}% | "
+                      f"{ref_p50:.2f} | {p50:.2f} | {100 * (p50 - ref_p50) / ref_p50 if ref_p50 else 0:+.1f}% | "
+                      f"{cpu:.0f} |", flush=True)
     return 0
 
 
