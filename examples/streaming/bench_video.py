@@ -15,6 +15,7 @@ import os
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -66,21 +67,23 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; window {args.window}")
     print(f"{'batching':>8} {'cameras':>7} {'frames':>6} {'frames/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'mean batch':>10} {'server CPU':>10}")
-    for batching in (False, True):
-        with tempfile.TemporaryDirectory() as tmp:
-            write_detector_model(Path(tmp), batching=batching, max_batch=args.max_batch, delay_us=args.delay_us)
-            with serve(Path(tmp), cores=args.server_cores) as server:
-                run_cameras(server.grpc_url, 2, 1.0, args.window)  # warm up
-                for n in (int(x) for x in args.cameras.split(",")):
-                    cpu0, (inf0, exe0) = server.cpu_seconds(), _counts(server.grpc_url)
-                    done, lat, errors, wall = run_cameras(server.grpc_url, n, args.seconds, args.window)
-                    inf1, exe1 = _counts(server.grpc_url)
-                    cpu = (server.cpu_seconds() - cpu0) / wall
-                    ms = lat * 1e3
-                    print(f"{'on' if batching else 'off':>8} {n:>7} {done:>6} {done / wall:>8.1f} "
-                          f"{np.percentile(ms, 50):>7.1f} {np.percentile(ms, 99):>7.1f} "
-                          f"{(inf1 - inf0) / max(1, exe1 - exe0):>10.2f} {cpu:>10.0%}"
-                          + (f"  errors {errors}" if errors else ""), flush=True)
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        servers = {}
+        for batching in (False, True):  # both up at once, measured in turns, so load drift hits both
+            repo = Path(tmp) / ("on" if batching else "off")
+            write_detector_model(repo, batching=batching, max_batch=args.max_batch, delay_us=args.delay_us)
+            servers[batching] = stack.enter_context(serve(repo, cores=args.server_cores))
+            run_cameras(servers[batching].grpc_url, 2, 1.0, args.window)  # warm up
+        for n in (int(x) for x in args.cameras.split(",")):
+            for batching, server in servers.items():
+                cpu0, (inf0, exe0) = server.cpu_seconds(), _counts(server.grpc_url)
+                done, lat, errors, wall = run_cameras(server.grpc_url, n, args.seconds, args.window)
+                inf1, exe1 = _counts(server.grpc_url)
+                cpu = (server.cpu_seconds() - cpu0) / wall
+                p50, p99 = np.percentile(lat * 1e3, [50, 99])
+                print(f"{'on' if batching else 'off':>8} {n:>7} {done:>6} {done / wall:>8.1f} {p50:>7.1f} {p99:>7.1f} "
+                      f"{(inf1 - inf0) / max(1, exe1 - exe0):>10.2f} {cpu:>10.0%}"
+                      + (f"  errors {errors}" if errors else ""), flush=True)
 
 
 def _counts(url: str) -> tuple[int, int]:
