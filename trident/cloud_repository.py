@@ -99,11 +99,13 @@ def parse_cloud_url(url: str, env: dict[str, str] | None = None) -> CloudLocatio
 
 def _reason(url: str, e: BaseException) -> str:
     """A load failure's reason for a storage error (no credentials shown)."""
-    if isinstance(e, FileNotFoundError):
+    status = getattr(e, "status_code", None) or getattr(getattr(e, "response", None), "status_code", None)
+    first_line = (str(e).strip().splitlines() or [""])[0][:300]
+    if isinstance(e, FileNotFoundError) or status == 404:
         return f"model repository '{url}': the bucket or path does not exist"
-    if isinstance(e, PermissionError):
-        return f"model repository '{url}': access denied (check the credentials): {str(e)[:300]}"
-    return f"model repository '{url}': {type(e).__name__}: {str(e)[:500]}"
+    if isinstance(e, PermissionError) or status in (401, 403):
+        return f"model repository '{url}': access denied (check the credentials): {first_line}"
+    return f"model repository '{url}': {type(e).__name__}: {first_line}"
 
 
 class CloudRepository:
@@ -123,7 +125,12 @@ class CloudRepository:
             try:
                 import fsspec
 
-                self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **self.location.options)
+                if protocol == "gcs":  # the plain JSON-API client: no gRPC probe of the bucket's layout
+                    from gcsfs.core import GCSFileSystem
+
+                    self._fs = GCSFileSystem(skip_instance_cache=True, **self.location.options)
+                else:
+                    self._fs = fsspec.filesystem(protocol, skip_instance_cache=True, **self.location.options)
             except ImportError as e:
                 raise unsupported(f"model repository '{self.url}' needs the '{package}' package ({e}); install "
                                   f'it with pip install "{DISTRIBUTION}[{extra}]"') from None

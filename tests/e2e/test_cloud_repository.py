@@ -234,9 +234,9 @@ def test_gcs_repository(server_factory, tmp_path):
     try:
         _wait_port(port, proc)
         host = f"http://127.0.0.1:{port}"
-        import gcsfs
+        from gcsfs.core import GCSFileSystem
 
-        fs = gcsfs.GCSFileSystem(endpoint_url=host, token="anon", skip_instance_cache=True)
+        fs = GCSFileSystem(endpoint_url=host, token="anon", skip_instance_cache=True)
         fs.mkdir("models")
         for key, data in repository_objects(tmp_path).items():
             fs.pipe(f"models/repo/{key}", data)
@@ -292,5 +292,6 @@ def test_azure_repository(server_factory, tmp_path):
                                 env={"AZURE_STORAGE_CONNECTION_STRING": bad})
         r = httpx.post(f"http://{denied.http_url}/v2/repository/models/py_a/load", json={})
         assert r.status_code == 500 and "as://devstoreaccount1/models/repo" in r.json()["error"], r.text
+        assert "access denied" in r.json()["error"], r.text
     finally:
         _stop(proc)
