@@ -33,6 +33,12 @@ any time (also after ``execute`` returned): 0..N ``send(response, final=False)``
 ``send(response_or_None, final=True)``; ``None`` with ``final=True`` is a flag-only final
 response. ``responder.is_cancelled()`` turns true when the client cancels or closes its stream.
 
+Threads: a backend that needs a thread of its own (a reader, an event loop, a helper per call)
+starts it with ``ctx.threads.start(fn, *args, name=...)``, never with ``threading.Thread``: the
+server's model version owns those threads (its nursery holds them, its unload waits for them,
+the server's exit timeout abandons them). Without a server (a backend used on its own, in a
+tool or a test) :class:`PlainThreads` starts ordinary daemon threads.
+
 Custom metrics: ``trident.backends.metrics.custom_metrics_for(ctx.server)`` is the server's
 registry of metric families exported on the metrics port.
 """
@@ -40,6 +46,9 @@ registry of metric families exported on the metrics port.
 from __future__ import annotations
 
 import abc
+import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -66,6 +75,40 @@ class ResponseSender(Protocol):
         """True once the request was cancelled (client gone, stream closed, deadline passed)."""
 
 
+class OwnedThread(Protocol):
+    """A thread started by :meth:`Threads.start`."""
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the thread's function returned (at most ``timeout`` seconds)."""
+
+    def is_alive(self) -> bool:
+        """True until the thread's function returned."""
+
+
+class Threads(Protocol):
+    """Where a backend's threads come from (``LoadContext.threads``)."""
+
+    def start(self, fn: Callable[..., object], *args: object, name: str) -> OwnedThread:
+        """Run ``fn(*args)`` in a thread named ``name``; callable from any thread. An exception
+        ``fn`` raises is logged. Raises RuntimeError when the owner no longer takes threads
+        (the model version finished unloading)."""
+
+
+class PlainThreads:
+    """:class:`Threads` without a server: ordinary daemon threads (a backend used on its own)."""
+
+    def start(self, fn: Callable[..., object], *args: object, name: str) -> OwnedThread:
+        def main() -> None:
+            try:
+                fn(*args)
+            except BaseException:
+                logging.getLogger("trident.backends").exception("thread '%s' failed", name)
+
+        thread = threading.Thread(target=main, name=name, daemon=True)
+        thread.start()
+        return thread
+
+
 @dataclass
 class LoadContext:
     """Everything a backend needs to load one instance of one model version."""
@@ -81,6 +124,7 @@ class LoadContext:
     device_id: int = 0
     backend_config: dict[str, str] = field(default_factory=dict)  # --backend-config=<backend>,k=v
     server: Any = None  # the trident Server (for BLS and model management from model code)
+    threads: Threads = field(default_factory=PlainThreads)  # the owner of the backend's threads
 
     @property
     def repository_path(self) -> Path:

@@ -25,6 +25,7 @@ import outcome
 import trio
 
 from trident.backends import ModelInstance
+from trident.backends.base import OwnedThread, Threads
 from trident.config import INLINE_MODES, INLINE_PARAMETER
 from trident.errors import Code, TritonError, internal
 from trident.protocol.classification import classify
@@ -279,10 +280,11 @@ class InstanceThread:
     timeout (:meth:`abandon`): a call that has not returned by then is given up.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, threads: Threads) -> None:
         self._name = name
+        self._threads = threads  # the owner of the thread (the model version's nursery)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._thread: OwnedThread | None = None
         self._calls: list[_Call] = []  # queued or running (touched on trio's thread only)
         self._abandoned: TritonError | None = None
 
@@ -297,8 +299,7 @@ class InstanceThread:
         if self._abandoned is not None:
             raise self._abandoned
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-            self._thread.start()
+            self._thread = self._threads.start(self._loop, name=self._name)
         call = _Call(fn, args)
         self._calls.append(call)
         self._queue.put(call)
@@ -332,7 +333,7 @@ class InstanceThread:
         """Stop waiting for the calls queued or running: each caller gets ``error`` now, and
         every later :meth:`run` raises it. For the server's exit only, once its exit timeout
         has passed (a model stuck in ``execute`` must not keep the process up); the thread
-        itself cannot be stopped and is left to end with the process (it is a daemon). Call
+        itself cannot be stopped: its owner abandons it and it ends with the process. Call
         from trio's thread; returns how many calls were given up."""
         calls, self._calls = self._calls, []
         self._abandoned = error
@@ -372,6 +373,7 @@ class ExecutedModel(Protocol):
     outputs: dict[str, TensorSpec]
     stats: StatsRecorder
     discarded: int
+    threads: Threads
 
     def on_drop(self, pending: Pending) -> None: ...
 
@@ -412,7 +414,8 @@ class BatchExecutor:
         """The instance's thread (batches and warmup of an instance never overlap)."""
         thread = self._threads.get(id(instance))
         if thread is None:
-            thread = self._threads[id(instance)] = InstanceThread(f"trident-{self.model.name}-{len(self._threads)}")
+            thread = self._threads[id(instance)] = InstanceThread(f"trident-{self.model.name}-{len(self._threads)}",
+                                                                  self.model.threads)
         return thread
 
     def release(self, instance: ModelInstance) -> None:

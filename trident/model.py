@@ -26,6 +26,7 @@ import trio
 
 from trident import config as cfg
 from trident.backends import Backend, LoadContext, ModelInstance
+from trident.backends.base import PlainThreads, Threads
 from trident.batching import make_scheduler
 from trident.batching.admission import tensor_specs, validate_request
 from trident.batching.cache import request_key
@@ -39,6 +40,7 @@ from trident.model_metrics import observer_for
 from trident.protocol.generated.inference import ModelConfig
 from trident.stats import BACKEND, CANCELED, REJECTED, StatsRecorder
 from trident.types import InferenceRequest, InferenceResponse
+from trident.worker_threads import open_thread_nursery
 
 log = logging.getLogger("trident.model")
 
@@ -91,6 +93,7 @@ class ModelVersion:
             log.warning("model '%s' enables response_cache but the server has no cache (--cache-config)", name)
         self._backend_config = backend_config or {}
         self._server = server
+        self.threads: Threads = PlainThreads()  # until run() opens the nursery that owns them
         self._unload = trio.Event()
         self.stopped = trio.Event()
         self._idle = trio.Event()
@@ -108,7 +111,8 @@ class ModelVersion:
         Raises TritonError (before ``task_status.started``) when an instance fails to load.
         """
         try:
-            await self._run(task_status)
+            async with open_thread_nursery() as self.threads:  # owns the instances' threads
+                await self._run(task_status)
         finally:
             self.state = "UNAVAILABLE"
             self.stopped.set()
@@ -149,6 +153,7 @@ class ModelVersion:
             device_id=spec.device,
             backend_config=self._backend_config,
             server=self._server,
+            threads=self.threads,
         )
 
     async def _start_instances(self, specs: list[InstanceSpec], config: ModelConfig) -> list[ModelInstance]:

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from trident.backends.base import OwnedThread, PlainThreads, Threads
+
 log = logging.getLogger("trident.backends.python")
 
 CLOSE_TIMEOUT_SECS = 30.0  # how long close() waits for the loop's clean-up
@@ -33,11 +35,13 @@ async def _await(awaitable: Awaitable[Any], enter: Callable[[], Any] | None) -> 
 class InstanceLoop:
     """An asyncio loop running in its own thread until :meth:`close`; thread-safe."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, threads: Threads | None = None) -> None:
         self._name = name
+        self._threads = threads if threads is not None else PlainThreads()  # the thread's owner
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: OwnedThread | None = None
+        self._ident: int | None = None  # the loop thread's id
         self._closed = False
 
     @property
@@ -53,21 +57,24 @@ class InstanceLoop:
                 running = threading.Event()
 
                 def main() -> None:
+                    self._ident = threading.get_ident()
                     asyncio.set_event_loop(loop)
                     loop.call_soon(running.set)
-                    loop.run_forever()
+                    try:
+                        loop.run_forever()
+                    finally:
+                        asyncio.set_event_loop(None)
 
-                # daemon so that a task blocking the loop forever cannot keep the process
-                # alive; the instance still owns it and joins it in close()
-                thread = threading.Thread(target=main, name=f"trident-asyncio-{self._name}", daemon=True)
-                thread.start()
+                # the owner abandons it at the server's exit timeout, so a task blocking the
+                # loop forever cannot keep the process alive; close() joins it
+                thread = self._threads.start(main, name=f"trident-asyncio-{self._name}")
                 running.wait()
                 self._loop, self._thread = loop, thread
             return self._loop
 
     def _future(self, awaitable: Awaitable[Any], enter: Callable[[], Any] | None) -> concurrent.futures.Future[Any]:
         try:
-            if threading.current_thread() is self._thread:
+            if self._ident is not None and threading.get_ident() == self._ident:
                 raise RuntimeError("a model method was called from its own asyncio loop and would wait on itself")
             loop = self._started_loop()
         except RuntimeError:
@@ -108,6 +115,7 @@ class InstanceLoop:
         with self._lock:
             loop, thread, self._closed = self._loop, self._thread, True
             self._loop = self._thread = None
+            self._ident = None
         if loop is None or thread is None:
             return
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import trio
 
+from trident.backends.base import PlainThreads, Threads
 from trident.backends.metrics import custom_metrics_for
 from trident.backends.python import _convert, pb_utils
 from trident.errors import Code, TritonError
@@ -48,8 +48,10 @@ class BlsCall:
 
     def __init__(self, server: Any, token: trio.lowlevel.TrioToken, request: InferenceRequest,
                  decoupled: bool, parents: Sequence[Any],
-                 convert: Callable[[InferenceResponse], Any] = _convert.to_pb_response) -> None:
+                 convert: Callable[[InferenceResponse], Any] = _convert.to_pb_response,
+                 threads: Threads | None = None) -> None:
         self._server = server
+        self._threads = threads if threads is not None else PlainThreads()  # owns a decoupled call's thread
         self._convert = convert
         self._token = token
         self._request = request
@@ -65,7 +67,11 @@ class BlsCall:
 
     def start(self) -> BlsCall:
         if self._decoupled:
-            threading.Thread(target=self._thread_main, name="trident-bls", daemon=True).start()
+            try:
+                self._threads.start(self._thread_main, name="trident-bls")
+            except RuntimeError as e:  # the model version is unloading
+                self._put_error(Code.UNAVAILABLE, str(e))
+                self._queue.put(_END)
         else:
             self._thread_main()
         return self
@@ -153,9 +159,10 @@ class BlsCall:
 class InProcessRuntime(pb_utils._Runtime):
     """``pb_utils``' server side for models running in this process."""
 
-    def __init__(self, server: Any, token: trio.lowlevel.TrioToken) -> None:
+    def __init__(self, server: Any, token: trio.lowlevel.TrioToken, threads: Threads | None = None) -> None:
         self.server = server
         self.token = token
+        self.threads = threads
 
     def _crossing(self) -> str | None:
         """Count a call into the server; the reason it cannot run when made on the loop's thread."""
@@ -177,7 +184,7 @@ class InProcessRuntime(pb_utils._Runtime):
             converted = _convert.to_request(request)
         except TritonError as e:
             return iter([_convert.error_response(e.code, e.message)])
-        return BlsCall(self.server, self.token, converted, decoupled, parents).start()
+        return BlsCall(self.server, self.token, converted, decoupled, parents, threads=self.threads).start()
 
     def _call(self, fn: Any, *args: Any) -> Any:
         refused = self._crossing()

@@ -41,7 +41,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trident.backends.base import Backend, LoadContext, ModelInstance
+from trident.backends.base import Backend, LoadContext, ModelInstance, Threads
 from trident.backends.python import _aio, _convert, _loader, pb_utils
 from trident.backends.python._aio import InstanceLoop
 from trident.backends.python._execution import InstanceIdentity, execution_options
@@ -94,7 +94,7 @@ class PythonInstance(ModelInstance):
     """One ``TritonPythonModel`` object and the module it came from."""
 
     def __init__(self, identity: InstanceIdentity, loaded: _loader.LoadedModule, model: Any,
-                 runtime: pb_utils._Runtime | None = None) -> None:
+                 runtime: pb_utils._Runtime | None = None, threads: Threads | None = None) -> None:
         self.model_name = identity.model_name
         self.version = identity.version
         self.instance_name = identity.instance_name
@@ -102,7 +102,7 @@ class PythonInstance(ModelInstance):
         self._loaded = loaded
         self._model = model
         self._runtime = runtime
-        self._aio = InstanceLoop(identity.instance_name)
+        self._aio = InstanceLoop(identity.instance_name, threads)
         self._all_outputs = list(identity.outputs)
         self._finalized = False
         pb_utils._bind_package(loaded.package, runtime)
@@ -406,8 +406,9 @@ class PythonBackend(Backend):
         from trident.backends.python._runtime import InProcessRuntime, current_token
 
         token = current_token() if ctx.server is not None else None
-        runtime = InProcessRuntime(ctx.server, token) if token is not None else None
-        return load_in_this_process(model_file, InstanceIdentity.of(ctx), self.initialize_args(ctx), runtime)
+        runtime = InProcessRuntime(ctx.server, token, ctx.threads) if token is not None else None
+        return load_in_this_process(model_file, InstanceIdentity.of(ctx), self.initialize_args(ctx), runtime,
+                                    ctx.threads)
 
     @staticmethod
     def initialize_args(ctx: LoadContext) -> dict[str, str]:
@@ -425,7 +426,7 @@ class PythonBackend(Backend):
 
 
 def load_in_this_process(model_file: Path, identity: InstanceIdentity, args: dict[str, str],
-                         runtime: pb_utils._Runtime | None) -> PythonInstance:
+                         runtime: pb_utils._Runtime | None, threads: Threads | None = None) -> PythonInstance:
     """Import ``model_file``, build its ``TritonPythonModel`` and run ``initialize(args)``.
 
     Raises TritonError(INTERNAL) when the file fails to import, has no ``TritonPythonModel``,
@@ -447,7 +448,7 @@ def load_in_this_process(model_file: Path, identity: InstanceIdentity, args: dic
     except BaseException:
         _loader.release(loaded)
         raise
-    instance = PythonInstance(identity, loaded, model, runtime)
+    instance = PythonInstance(identity, loaded, model, runtime, threads)
     try:
         instance.initialize(args)
     except BaseException:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from trident.backends.base import LoadContext, ModelInstance
+from trident.backends.base import LoadContext, ModelInstance, OwnedThread
 from trident.backends.metrics import Family, Series, custom_metrics_for
 from trident.backends.python import pb_utils
 from trident.backends.python._execution import ExecutionOptions, InstanceIdentity
@@ -79,7 +79,7 @@ class _Process:
         self.bls: dict[int, Any] = {}  # call id -> BlsCall
         self.families: dict[int, Family] = {}
         self.series: dict[int, tuple[Family, Series]] = {}
-        self.reader: threading.Thread | None = None
+        self.reader: OwnedThread | None = None
 
     @property
     def pid(self) -> int:
@@ -154,13 +154,14 @@ class IsolatedInstance(ModelInstance):
         self._args = args
         self._options = options
         self._server = ctx.server
+        self._threads = ctx.threads  # the owner of this instance's threads (its model version)
         self._runtime: Any = None
         if ctx.server is not None:
             from trident.backends.python._runtime import InProcessRuntime, current_token
 
             token = current_token()
             if token is not None:
-                self._runtime = InProcessRuntime(ctx.server, token)
+                self._runtime = InProcessRuntime(ctx.server, token, ctx.threads)
         self._metrics = custom_metrics_for(ctx.server)
         self._ids = itertools.count(1)
         self._lock = threading.RLock()  # guards _process, _inflight, _closing
@@ -173,14 +174,20 @@ class IsolatedInstance(ModelInstance):
         self._closing = False
         self.restarts = 0
         self._start_process()
-        self._watcher = threading.Thread(target=self._watch_cancellations, name="trident-cancel-watch",
-                                         daemon=True)
-        self._watcher.start()
+        self._watcher = self._threads.start(self._watch_cancellations, name="trident-cancel-watch")
 
     @property
     def pid(self) -> int | None:
         process = self._process
         return process.pid if process is not None and process.alive else None
+
+    def _start_thread(self, fn: Any, *args: Any, name: str) -> None:
+        """A helper thread of this instance (its owner is the model version); when the owner
+        takes no more threads (the version finished unloading) the work is dropped, logged."""
+        try:
+            self._threads.start(fn, *args, name=name)
+        except RuntimeError as e:
+            log.warning("model instance '%s': %s", self.identity.instance_name, e)
 
     # ---- the process -----------------------------------------------------------------------
 
@@ -196,9 +203,8 @@ class IsolatedInstance(ModelInstance):
             except OSError as e:
                 raise internal(f"cannot start a process for model '{self.identity.model_name}': {e}") from e
             waiter = process.waiters["init"] = _Waiter()
-            process.reader = threading.Thread(target=self._read, args=(process,),
-                                              name=f"trident-model-{self.identity.instance_name}", daemon=True)
-            process.reader.start()
+            process.reader = self._threads.start(self._read, process,
+                                                 name=f"trident-model-{self.identity.instance_name}")
             try:
                 level = model_log.getEffectiveLevel()
                 process.channel.send(("init", str(self._model_file), asdict(self.identity), self._args, level))
@@ -258,7 +264,7 @@ class IsolatedInstance(ModelInstance):
         self._fail_orphans(process)
         if process.started:
             log.error("%s; restarting it", message)
-            threading.Thread(target=self._restart_after_crash, name="trident-model-restart", daemon=True).start()
+            self._start_thread(self._restart_after_crash, name="trident-model-restart")
 
     def _fail_orphans(self, process: _Process) -> None:
         """Fail the decoupled requests a dead process still owed responses to."""
@@ -331,8 +337,7 @@ class IsolatedInstance(ModelInstance):
         elif kind == "call":
             self._call(process, message[1], message[2], message[3])
         elif kind == "bls":
-            threading.Thread(target=self._serve_bls, args=(process, message, arrays), name="trident-bls",
-                             daemon=True).start()
+            self._start_thread(self._serve_bls, process, message, arrays, name="trident-bls")
         elif kind == "bls_cancel":
             call = process.bls.get(message[1])
             if call is not None:
@@ -356,7 +361,7 @@ class IsolatedInstance(ModelInstance):
 
     def _call(self, process: _Process, call_id: int, op: str, args: tuple[Any, ...]) -> None:
         if op in ("load_model", "unload_model", "is_model_ready"):
-            threading.Thread(target=self._manage, args=(process, call_id, op, args), daemon=True).start()
+            self._start_thread(self._manage, process, call_id, op, args, name="trident-model-control")
             return
         try:
             if op == "family_acquire":
@@ -398,7 +403,8 @@ class IsolatedInstance(ModelInstance):
             with self._lock:
                 parents = [self._inflight[rid] for rid in parent_ids if rid in self._inflight]
             request = wire.request_from_wire(meta, arrays)
-            call = BlsCall(self._server, self._runtime.token, request, decoupled, parents, convert=lambda r: r)
+            call = BlsCall(self._server, self._runtime.token, request, decoupled, parents, convert=lambda r: r,
+                           threads=self._threads)
             process.bls[call_id] = call
             for response in call.start():
                 out: list[np.ndarray] = []

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from trident import config as model_config
-from trident.backends.base import LoadContext
+from trident.backends.base import LoadContext, PlainThreads
 from trident.backends.python import _convert, pb_utils
 from trident.backends.python._aio import InstanceLoop
 from trident.backends.python._pb_tensor import _capsule_dtype
@@ -312,7 +312,7 @@ def test_bf16_has_no_numpy_form_but_travels_through_dlpack() -> None:
 
 
 async def test_instance_thread_abandon_frees_the_waiting_caller() -> None:
-    thread = InstanceThread("stuck-test")
+    thread = InstanceThread("stuck-test", PlainThreads())
     release = threading.Event()
     error = TritonError(Code.CANCELLED, "given up")
     outcome: list[Any] = []

@@ -11,6 +11,7 @@ from trident.execution import InstanceThread
 from trident.protocol.datatypes import serialize_bytes
 from trident.protocol.pbtxt import parse_pbtxt
 from trident.types import InferenceResponse
+from trident.worker_threads import open_thread_nursery
 
 
 def config(warmups: str, max_batch_size: int = 4):
@@ -102,8 +103,13 @@ def _samples(tmp_path):
 
 
 async def _run(instance, samples, validate=lambda r: 1):
-    await warm_up(instance, samples, model_name="m", decoupled=False, validate=validate,
-                  make_pending=lambda r: None, thread=InstanceThread("warmup-test"))
+    async with open_thread_nursery() as threads:  # as a model version owns its instance threads
+        thread = InstanceThread("warmup-test", threads)
+        try:
+            await warm_up(instance, samples, model_name="m", decoupled=False, validate=validate,
+                          make_pending=lambda r: None, thread=thread)
+        finally:
+            thread.close()
 
 
 async def test_runs_each_sample_count_times_as_one_batch(tmp_path):

@@ -218,3 +218,29 @@ async def test_public_in_process_api():
         np.testing.assert_array_equal(resp.output("OUTPUT0").data, x)
     with pytest.raises(AttributeError):
         trident.nope  # noqa: B018
+
+
+async def test_unloading_a_model_joins_its_threads(tmp_path: Path) -> None:
+    # an async Python model: its instance thread and its asyncio loop thread are owned by the
+    # model version and gone once it is unloaded
+    import threading
+
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPOSITORY / "identity_fp32", repo / "aio")
+    config = (repo / "aio" / "config.pbtxt").read_text().replace('name: "identity_fp32"', 'name: "aio"')
+    (repo / "aio" / "config.pbtxt").write_text(config + '\nparameters { key: "TRIDENT_INLINE_EXECUTION" '
+                                                         'value: { string_value: "never" } }\n')
+    model = repo / "aio" / "1" / "model.py"
+    source = model.read_text()
+    assert "def execute(self, requests)" in source
+    model.write_text(source.replace("def execute(self, requests)", "async def execute(self, requests)"))
+    options = ServerOptions(model_repositories=[str(repo)], model_control_mode="explicit", load_models=["aio"])
+    async with open_server(options) as server:
+        x = np.arange(4, dtype=np.float32)
+        response = await server.infer(InferenceRequest("aio", [Tensor.from_numpy("INPUT0", x)]))
+        np.testing.assert_array_equal(response.output("OUTPUT0").data, x)
+        names = {t.name for t in threading.enumerate()}
+        assert "trident-aio-0" in names and any(n.startswith("trident-asyncio-aio") for n in names)
+        await server.unload_model("aio")
+        names = {t.name for t in threading.enumerate()}
+        assert "trident-aio-0" not in names and not any(n.startswith("trident-asyncio-aio") for n in names)

@@ -33,3 +33,65 @@ async def test_a_job_returns_and_raises_what_it_does() -> None:
         assert "invalid literal" in str(e)
     else:
         raise AssertionError("the job's error was not raised")
+
+
+# ---- threads owned by a nursery (a model version's long-lived threads) ------------------------
+
+
+async def test_the_nursery_waits_for_its_threads_and_names_them() -> None:
+    release = threading.Event()
+    seen: list[str] = []
+
+    def work() -> None:
+        seen.append(threading.current_thread().name)
+        release.wait(5)
+
+    async with worker_threads.open_thread_nursery() as threads:
+        first = threads.start(work, name="owned-1")
+        # from another thread (a model's own thread, a process reader) as well
+        second = await trio.to_thread.run_sync(lambda: threads.start(work, name="owned-2"))
+        await trio.sleep(0.05)
+        assert first.is_alive() and second.is_alive()
+        release.set()
+    # the body's exit waited for both
+    assert not first.is_alive() and not second.is_alive()
+    assert sorted(seen) == ["owned-1", "owned-2"]
+    assert "owned-1" not in {t.name for t in threading.enumerate()}  # the name goes with the work
+
+
+async def test_a_closed_nursery_refuses_threads_and_body_errors_pass_as_themselves() -> None:
+    class Boom(Exception):
+        pass
+
+    try:
+        async with worker_threads.open_thread_nursery() as threads:
+            threads.start(lambda: None, name="quick")
+            raise Boom("the body failed")
+    except Boom as exc:  # not an exception group
+        assert str(exc) == "the body failed"
+    else:
+        raise AssertionError("the body's exception was lost")
+    try:
+        threads.start(lambda: None, name="late")
+    except RuntimeError as exc:
+        assert "its owner has finished" in str(exc)
+    else:
+        raise AssertionError("a finished owner started a thread")
+
+
+async def test_a_failing_thread_is_logged_and_cancelling_the_owner_abandons_a_stuck_one(caplog) -> None:
+    stuck = threading.Event()
+
+    def fail() -> None:
+        raise ValueError("thread failed")
+
+    with trio.move_on_after(0.3) as scope:
+        async with worker_threads.open_thread_nursery() as threads:
+            threads.start(fail, name="failing")
+            handle = threads.start(stuck.wait, name="stuck")
+    assert scope.cancelled_caught  # the owner did not wait for the stuck thread forever
+    assert handle.is_alive()
+    assert any("thread 'failing' failed" in r.getMessage() for r in caplog.records)
+    stuck.set()
+    handle.join(5)
+    assert not handle.is_alive()
