@@ -4,8 +4,9 @@ bidirectional ModelStreamInfer (one stream and one sequence per audio stream), o
 with espeak-ng mixed with silence.
 
 The model folder is written at test time (examples/streaming/vad_model.py wraps Silero's graph so
-its LSTM state and 64-sample context are implicit states). Slots: the model has 2 (``max_batch_size``
-2, one instance), so the slot tests see exactly when a stream's slot is freed. espeak-ng must be
+its LSTM state and 64-sample context are implicit states). The slot test's model has 2 slots
+(``max_batch_size`` 2, one instance, idle timeout 1 s), so it sees exactly when a stream's slot
+is freed. espeak-ng must be
 installed (``apt-get install espeak-ng``; .ci/run does): without it the clip fixture fails, it
 does not skip.
 """
@@ -39,7 +40,7 @@ def clip() -> Clip:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, grpc_http2: str):
     repo: Path = tmp_path_factory.mktemp("vad")
-    write_vad_model(repo, "silero_vad", max_batch=4, idle_us=int(IDLE_S * 1e6), delay_us=2000, min_util=0.5)
+    write_vad_model(repo, "silero_vad", max_batch=4, idle_us=10_000_000, delay_us=2000, min_util=0.5)
     write_vad_model(repo, "silero_vad_2slots", max_batch=2, idle_us=int(IDLE_S * 1e6), delay_us=0)
     s = start_server(repo=repo)
     yield s
