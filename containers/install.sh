@@ -29,6 +29,8 @@ venv)
     export PIP_CONSTRAINT="$src/containers/constraints.txt" PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
     "$VENV/bin/pip" install --quiet --no-compile "pip==$(sed -n 's/^pip==//p' "$PIP_CONSTRAINT")"
     "$VENV/bin/pip" install --quiet --no-compile "$src${extras:+[$extras]}"
+    # setuptools was only the build's (pip keeps: derived images install more extras with it)
+    "$VENV/bin/pip" uninstall --quiet --yes setuptools
     { echo "#!$VENV/bin/python"; cat "$src/containers/healthcheck.py"; } > "$VENV/bin/trident-healthcheck"
     chmod 0755 "$VENV/bin/trident-healthcheck"
     # byte-compile once here (the root filesystem may be read-only at run time); tests shipped
