@@ -66,6 +66,13 @@ class Container:
     def exec(self, *cmd: str, check: bool = False) -> subprocess.CompletedProcess[str]:
         return podman("exec", self.name, *cmd, check=check)
 
+    def wait_for_log(self, text: str, timeout: float = 60) -> None:
+        """Until ``text`` is in the container's log; fails if the container stops first."""
+        deadline = time.monotonic() + timeout
+        while text not in self.logs():
+            assert time.monotonic() < deadline and self.running(), f"no {text!r} in the log:\n{self.logs()}"
+            time.sleep(0.05)
+
     def wait(self, timeout: float = 60) -> int:
         """The exit code once the container has stopped."""
         p = podman("wait", self.name, timeout=timeout)

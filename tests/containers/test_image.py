@@ -162,6 +162,27 @@ def test_mounted_repository_read_only_root_and_tritonserver_flags(tmp_path: Path
     assert not list(repo.rglob("__pycache__"))  # nothing written into the mounted repository
 
 
+def test_the_health_check_fails_while_not_ready_and_follows_grpc_without_http(tmp_path: Path, containers) -> None:
+    """A model that fails to load keeps readiness false (the server stays up with
+    --exit-on-error=false): the health check exits 1 with the status. With HTTP off it checks
+    the gRPC port."""
+    repo = tmp_path / "repo"
+    write_model(repo, "broken", 'name: "broken"\nbackend: "no_such_backend"\n', "")
+    _readable_repo(repo)
+    c = containers("trident", "serve", "--model-repository=/models", "--exit-on-error=false",
+                   ready_port=None, options=(f"--volume={repo}:/models:ro",))
+    c.wait_for_log("model loading complete:")
+    check = c.exec("trident-healthcheck")
+    assert check.returncode == 1 and "unhealthy: http://127.0.0.1:8000/v2/health/ready answered 400" in check.stdout
+    grpc_only = containers("trident", "serve", "--allow-http=false", "--grpc-port=9001", ports=(9001,),
+                           ready_port=None)
+    grpc_only.wait_for_log("model loading complete:")
+    check = grpc_only.exec("trident-healthcheck")
+    assert check.returncode == 0 and "healthy: gRPC 127.0.0.1:9001 accepts connections" in check.stdout
+    with grpcclient.InferenceServerClient(grpc_only.url(9001)) as client:
+        assert client.is_server_ready()
+
+
 def test_a_missing_repository_exits_1_with_the_reason(containers) -> None:
     c = containers("trident", "serve", "--model-repository", "/nowhere", ready_port=None)
     assert c.wait(60) == 1
