@@ -59,6 +59,10 @@ def test_non_root_commands_on_path_and_the_example_repository(example: Container
     assert example.exec("touch", "/opt/trident/venv/x").returncode != 0
     check = example.exec("trident-healthcheck")
     assert check.returncode == 0 and "healthy: http://127.0.0.1:8000/v2/health/ready answered 200" in check.stdout
+    # the image's HEALTHCHECK as the engine runs it
+    assert podman("healthcheck", "run", example.name, check=False).returncode == 0
+    health = podman("inspect", "--format", "{{.State.Health.Status}}", example.name).stdout.strip()
+    assert health == "healthy"
     # the figure for the README: resident memory of the container's processes at idle
     status = example.exec("sh", "-c", "cat /proc/[0-9]*/status").stdout
     rss_kb = sum(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
@@ -174,6 +178,7 @@ def test_the_health_check_fails_while_not_ready_and_follows_grpc_without_http(tm
     c.wait_for_log("model loading complete:")
     check = c.exec("trident-healthcheck")
     assert check.returncode == 1 and "unhealthy: http://127.0.0.1:8000/v2/health/ready answered 400" in check.stdout
+    assert podman("healthcheck", "run", c.name, check=False).returncode == 1
     grpc_only = containers("trident", "serve", "--allow-http=false", "--grpc-port=9001", ports=(9001,),
                            ready_port=None)
     grpc_only.wait_for_log("model loading complete:")
