@@ -5,8 +5,8 @@ extension) whose bytes are sent unchanged for every request, and :class:`HTTPRes
 finds where each response ends (``Content-Length``). The gRPC side encodes ``ModelInferRequest``
 by hand (a few protobuf fields) and :class:`H2Connection` is a minimal HTTP/2 client: one
 prebuilt HPACK block for every call (after the first, only indexes into the server's dynamic
-table; our SETTINGS ask the server for a header table of size 0 for its responses, so their
-header blocks can be decoded once and cached), DATA sent
+table); response header blocks made only of indexes are decoded once and cached until a block
+that may change the table arrives, DATA sent
 within the peer's flow-control windows, and the received bytes handed back per stream.
 :func:`decode_fields` is a generic protobuf reader for the few responses the tool looks into
 (metadata, config, statistics, stream responses).
@@ -321,7 +321,6 @@ class H2Connection:
         self._max_frame = 16384
         self._unacked = 0
         self._decoder = hpack.Decoder()
-        self._decoder.max_allowed_table_size = 0  # our SETTINGS forbid the dynamic table: blocks cache by bytes
         self._header_cache: dict[bytes, list[tuple[str, str]]] = {}
         self._blocks: dict[str, bytes] = {}
         self._encoder = hpack.Encoder()  # only the first request per path adds table entries
@@ -329,7 +328,7 @@ class H2Connection:
         self.messages: dict[int, bytearray] = {}
 
     def initiate(self) -> bytes:
-        settings = struct.pack(">HI", 0x1, 0) + struct.pack(">HI", 0x2, 0) + struct.pack(">HI", 0x4, _OUR_WINDOW)
+        settings = struct.pack(">HI", 0x2, 0) + struct.pack(">HI", 0x4, _OUR_WINDOW)
         return (_PREFACE + _frame(_SETTINGS, 0, 0, settings)
                 + _frame(_WINDOW, 0, 0, struct.pack(">I", _OUR_WINDOW - 65535)))
 
@@ -487,7 +486,9 @@ class H2Connection:
                            for k, v in self._decoder.decode(block)]
             except hpack.HPACKError as e:
                 raise PerfError(f"bad HPACK block from the server: {e}") from None
-            if len(self._header_cache) < 512:
+            if not _indexed_only(block):
+                self._header_cache.clear()  # the block may have changed the dynamic table
+            elif len(self._header_cache) < 512:
                 self._header_cache[block] = headers
         s = self._streams.get(stream)
         if s is not None:
@@ -511,6 +512,21 @@ class H2Connection:
             body = bytes(s.body)
         events.append(H2Event(stream, 2 if s.status is None else s.status,
                               s.message or ("" if s.status is not None else "no grpc-status"), body))
+
+
+def _indexed_only(block: bytes) -> bool:
+    """Whether an HPACK block is only indexed fields: it leaves the dynamic table as it is, so
+    while the table does not change the same bytes mean the same headers."""
+    i, n = 0, len(block)
+    while i < n:
+        if not block[i] & 0x80:
+            return False
+        if block[i] & 0x7F == 0x7F:
+            i += 1
+            while i < n and block[i] & 0x80:
+                i += 1
+        i += 1
+    return True
 
 
 def _unpercent(text: str) -> str:
