@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from pathlib import Path
 
 from trident.agents import agent_class
@@ -57,8 +58,11 @@ class AgentChain:
         for i, (agent, model) in enumerate(self._agents):
             model.location = location
             self._invoked = i + 1
+            started = time.monotonic()
             try:
                 agent.model_action(Action.LOAD, model)
+                log.info("repository agent '%s' loaded model '%s' in %.3f s", self.names[i], self.model_name,
+                         time.monotonic() - started)
             except Exception as e:
                 name = self.names[i]
                 message = str(e) or type(e).__name__
