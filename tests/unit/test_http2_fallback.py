@@ -23,17 +23,16 @@ def test_the_fallback_engine_is_in_use() -> None:
 
 
 def test_grpc_http2_option_selects_the_engine() -> None:
-    from types import SimpleNamespace
-
     from trident.grpc.serve import transport_config
+    from trident.options import ServerOptions
     from trident.protocol import http2
 
-    assert transport_config(SimpleNamespace()).http2 == "trident"
-    assert isinstance(h2_engine.make_engine(transport_config(SimpleNamespace())), http2.H2Server)
-    fallback = transport_config(SimpleNamespace(grpc_http2="h2"))
+    assert transport_config(ServerOptions()).http2 == "trident"
+    assert isinstance(h2_engine.make_engine(transport_config(ServerOptions())), http2.H2Server)
+    fallback = transport_config(ServerOptions(grpc_http2="h2"))
     assert fallback.http2 == "h2" and isinstance(h2_engine.make_engine(fallback), h2_engine.H2LibEngine)
     with pytest.raises(ValueError, match="--grpc-http2"):
-        transport_config(SimpleNamespace(grpc_http2="nghttp2"))
+        transport_config(ServerOptions(grpc_http2="nghttp2"))
     with pytest.raises(ValueError, match="unknown HTTP/2 implementation"):
         h2_engine.make_engine(transport.TransportConfig(http2="nghttp2"))
 

@@ -26,14 +26,17 @@ import logging
 import math
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from trident.grpc.h2_engine import ENGINES
 from trident.grpc.transport import Connection, Method, ServerBudget, TransportConfig
 from trident.listening import TcpListener, acquire_slots, open_tcp_listeners
-from trident.protocol import grpc_framing
+from trident.options import ServerOptions
+
+if TYPE_CHECKING:
+    from trident.server import Server
 
 log = logging.getLogger("trident.grpc")
 
@@ -42,57 +45,50 @@ COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 6, "high": 9}
 _ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 
-def transport_config(options: Any) -> TransportConfig:
+def transport_config(options: ServerOptions) -> TransportConfig:
     """TransportConfig from server options. Raises ValueError for an unknown compression level
     or HTTP/2 implementation."""
-    level = str(getattr(options, "grpc_infer_response_compression_level", "none")).lower()
+    level = options.grpc_infer_response_compression_level.lower()
     if level not in COMPRESSION_LEVELS:
         raise ValueError(f"unknown --grpc-infer-response-compression-level '{level}' "
                          f"(expected one of {', '.join(COMPRESSION_LEVELS)})")
-    d = TransportConfig()
-    http2 = str(getattr(options, "grpc_http2", d.http2))
-    if http2 not in ENGINES:
-        raise ValueError(f"unknown --grpc-http2 '{http2}' (expected one of {', '.join(ENGINES)})")
-
-    def ms(name: str, default: float) -> float:
-        return int(getattr(options, name, default * 1000)) / 1000.0
-
+    if options.grpc_http2 not in ENGINES:
+        raise ValueError(f"unknown --grpc-http2 '{options.grpc_http2}' (expected one of {', '.join(ENGINES)})")
     return TransportConfig(
-        max_message_size=int(getattr(options, "grpc_max_message_size", grpc_framing.DEFAULT_MAX_MESSAGE_SIZE)),
+        max_message_size=options.grpc_max_message_size,
         compression_level=COMPRESSION_LEVELS[level],
-        max_buffered_bytes=int(getattr(options, "grpc_max_buffered_bytes", d.max_buffered_bytes)),
-        message_timeout=float(getattr(options, "grpc_message_timeout_secs", d.message_timeout)),
-        handshake_timeout=float(getattr(options, "grpc_handshake_timeout_secs", d.handshake_timeout)),
-        idle_timeout=float(getattr(options, "grpc_idle_timeout_secs", d.idle_timeout)),
-        keepalive_time=ms("grpc_keepalive_time", d.keepalive_time),
-        keepalive_timeout=ms("grpc_keepalive_timeout", d.keepalive_timeout),
-        keepalive_permit_without_calls=bool(getattr(options, "grpc_keepalive_permit_without_calls",
-                                                    d.keepalive_permit_without_calls)),
-        max_pings_without_data=int(getattr(options, "grpc_http2_max_pings_without_data", d.max_pings_without_data)),
-        min_recv_ping_interval=ms("grpc_http2_min_recv_ping_interval_without_data", d.min_recv_ping_interval),
-        max_ping_strikes=int(getattr(options, "grpc_http2_max_ping_strikes", d.max_ping_strikes)),
-        max_connections=int(getattr(options, "grpc_max_connections", d.max_connections)),
-        http2=http2,
+        max_buffered_bytes=options.grpc_max_buffered_bytes,
+        message_timeout=options.grpc_message_timeout_secs,
+        handshake_timeout=options.grpc_handshake_timeout_secs,
+        idle_timeout=options.grpc_idle_timeout_secs,
+        keepalive_time=options.grpc_keepalive_time / 1000.0,
+        keepalive_timeout=options.grpc_keepalive_timeout / 1000.0,
+        keepalive_permit_without_calls=options.grpc_keepalive_permit_without_calls,
+        max_pings_without_data=options.grpc_http2_max_pings_without_data,
+        min_recv_ping_interval=options.grpc_http2_min_recv_ping_interval_without_data / 1000.0,
+        max_ping_strikes=options.grpc_http2_max_ping_strikes,
+        max_connections=options.grpc_max_connections,
+        http2=options.grpc_http2,
     )
 
 
-def ssl_context(options: Any) -> ssl.SSLContext | None:
+def ssl_context(options: ServerOptions) -> ssl.SSLContext | None:
     """Server TLS context (ALPN h2) when ``grpc_use_ssl`` is set, else None.
 
     Raises ValueError when the certificate or key is missing, OSError/ssl.SSLError when they
     cannot be loaded. With ``grpc_use_ssl_mutual`` clients must present a certificate signed by
     ``grpc_root_cert``.
     """
-    if not getattr(options, "grpc_use_ssl", False):
+    if not options.grpc_use_ssl:
         return None
-    cert, key = getattr(options, "grpc_server_cert", ""), getattr(options, "grpc_server_key", "")
+    cert, key = options.grpc_server_cert, options.grpc_server_key
     if not (cert and key):
         raise ValueError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     context.set_alpn_protocols(["h2"])
-    root = getattr(options, "grpc_root_cert", "")
-    if getattr(options, "grpc_use_ssl_mutual", False):
+    root = options.grpc_root_cert
+    if options.grpc_use_ssl_mutual:
         if not root:
             raise ValueError("--grpc-use-ssl-mutual needs --grpc-root-cert")
         context.load_verify_locations(root)
@@ -100,16 +96,16 @@ def ssl_context(options: Any) -> ssl.SSLContext | None:
     return context
 
 
-def _grace(server: Any) -> float:
+def _grace(server: Server) -> float:
     """Seconds in-flight calls may still take: what is left of the exit's deadline (set by
     trident.serve at the signal, one --exit-timeout-secs for the whole exit), at least one."""
-    deadline = getattr(server, "exit_deadline", None)
+    deadline = server.exit_deadline
     if deadline is None:
-        return float(getattr(server.options, "exit_timeout_secs", 30.0))
+        return server.options.exit_timeout_secs
     return max(1.0, deadline - trio.current_time())
 
 
-async def serve_grpc(server: Any, *, host: str, port: int, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+async def serve_grpc(server: Server, *, host: str, port: int, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Serve Triton's gRPC API for ``server`` on ``host:port`` until cancelled.
 
     ``port`` 0 picks a free port; the bound port is reported through ``task_status.started``.

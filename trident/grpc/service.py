@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import betterproto2
 import trio
@@ -26,6 +26,9 @@ from trident.protocol.generated.grpc.health import v1 as health
 from trident.restricted import GRPC_MESSAGE, Restriction, grpc_restrictions
 from trident.stats import Duration, ModelStatistics
 from trident.types import InferenceRequest, InferenceResponse, ParamValue
+
+if TYPE_CHECKING:
+    from trident.server import Server
 
 log = logging.getLogger("trident.grpc")
 
@@ -121,9 +124,9 @@ def _restricted(handler: Callable[..., Awaitable[Any]], restriction: Restriction
 class InferenceService:
     """The RPC handlers; :meth:`methods` is the table the transport serves."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
-        pattern = getattr(server.options, "grpc_header_forward_pattern", "")
+        pattern = server.options.grpc_header_forward_pattern
         self.forward = re.compile(pattern, re.IGNORECASE) if pattern else None
         self.restrictions = grpc_restrictions(server.options)
 
@@ -401,6 +404,6 @@ def _shm_outputs(request: InferenceRequest) -> dict[str, dict[str, ParamValue]] 
     return found or None
 
 
-def build_methods(server: Any) -> dict[str, Method]:
+def build_methods(server: Server) -> dict[str, Method]:
     """The transport's method table for ``server``."""
     return InferenceService(server).methods()

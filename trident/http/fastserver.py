@@ -859,10 +859,8 @@ async def serve_http_fast(
     cancels every in-flight request (each is cancelled in the server too).
     """
     options = server.options
-    graceful = float(getattr(options, "exit_timeout_secs", 5.0))
     endpoint = InferEndpoint(server)
     await serve_asgi(make_app(server, endpoint), host=host, port=port, shutdown_trigger=shutdown_trigger,
-                     graceful_timeout=graceful, task_status=task_status, infer_endpoint=endpoint,
-                     header_timeout=float(getattr(options, "http_header_timeout_secs", HEADER_TIMEOUT)),
-                     body_timeout=float(getattr(options, "http_body_timeout_secs", BODY_TIMEOUT)),
-                     max_connections=int(getattr(options, "http_max_connections", MAX_CONNECTIONS)))
+                     graceful_timeout=options.exit_timeout_secs, task_status=task_status, infer_endpoint=endpoint,
+                     header_timeout=options.http_header_timeout_secs, body_timeout=options.http_body_timeout_secs,
+                     max_connections=options.http_max_connections)

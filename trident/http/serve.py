@@ -71,10 +71,8 @@ async def serve_http(
     cancels every in-flight request (each is cancelled in the server too).
     """
     options = server.options
-    graceful = float(getattr(options, "exit_timeout_secs", 5.0))
-    config = hypercorn_config(host, port, graceful,
-                              header_timeout=float(getattr(options, "http_header_timeout_secs", 30.0)),
-                              body_timeout=float(getattr(options, "http_body_timeout_secs", 60.0)))
+    config = hypercorn_config(host, port, options.exit_timeout_secs, header_timeout=options.http_header_timeout_secs,
+                              body_timeout=options.http_body_timeout_secs)
     app = make_app(server)
 
     async def run(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:

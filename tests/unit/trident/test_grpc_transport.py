@@ -418,11 +418,10 @@ async def test_tls_with_alpn(nursery, tmp_path):
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True)
-    from types import SimpleNamespace
-
     from trident.grpc.serve import ssl_context
+    from trident.options import ServerOptions
 
-    context = ssl_context(SimpleNamespace(grpc_use_ssl=True, grpc_server_cert=str(cert), grpc_server_key=str(key)))
+    context = ssl_context(ServerOptions(grpc_use_ssl=True, grpc_server_cert=str(cert), grpc_server_key=str(key)))
     port = await nursery.start(partial(serve_methods, methods(Recorder()), TransportConfig(), host="127.0.0.1",
                                        port=0, ssl_context=context))
 
@@ -433,7 +432,7 @@ async def test_tls_with_alpn(nursery, tmp_path):
 
     assert await trio.to_thread.run_sync(call) == b"secret"
     with pytest.raises(ValueError, match="grpc-server-cert"):
-        ssl_context(SimpleNamespace(grpc_use_ssl=True, grpc_server_cert="", grpc_server_key=""))
+        ssl_context(ServerOptions(grpc_use_ssl=True, grpc_server_cert="", grpc_server_key=""))
 
 
 # ---- hardening: abuse limits, budgets, timers ------------------------------------------------
