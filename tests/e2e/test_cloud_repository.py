@@ -223,9 +223,31 @@ def test_s3_agents_run_on_the_downloaded_copy(s3, server_factory, tmp_path):
     assert "mismatched MD5 hash for file '1/model.py'" in _index(server)["sum_bad"]["reason"]
 
 
-# ---------------------------------------------------------------- GCS (gcp-storage-emulator)
+# ---------------------------------------------------------------- GCS and Azure: one check each
+
+def check_store(server_factory, url: str, env: dict[str, str], put, cache: Path) -> None:
+    """Serve ``url`` (the repository of :func:`repository_objects`, written with ``put(key,
+    data)``): Python and ONNX over HTTP and gRPC in poll mode, a changed object reloads only
+    its model; explicit load and unload (the local copy goes)."""
+    env = {**env, "TRIDENT_CLOUD_CACHE_DIR": str(cache)}
+    polled = server_factory("--model-control-mode=poll", "--repository-poll-secs=1", repo=url, env=env)
+    for infer in (infer_http, infer_grpc):
+        assert _infer_identity(infer, polled, "py_a") == [0.0, 1.0, 2.0]
+        _add_sub(infer, polled)
+    put("py_b/1/model.py", DOUBLE_PY.encode())
+    _until(lambda: _infer_identity(infer_http, polled, "py_b") == [0.0, 2.0, 4.0])
+    assert polled.log().count("successfully loaded 'py_a'") == 1
+    explicit = server_factory("--model-control-mode=explicit", repo=url, env=env)
+    base = f"http://{explicit.http_url}/v2/repository/models"
+    assert httpx.post(f"{base}/py_a/load", json={}).status_code == 200
+    assert _infer_identity(infer_grpc, explicit, "py_a") == [0.0, 1.0, 2.0]
+    assert httpx.post(f"{base}/py_a/unload", json={}).status_code == 200
+    assert _index(explicit)["py_a"]["state"] == "UNAVAILABLE"
+    _until(lambda: len(list(cache.rglob("py_a-*"))) == 1)  # only the poll-mode server's copy is left
+
 
 def test_gcs_repository(server_factory, tmp_path):
+    """GCS against gcp-storage-emulator (which checks no credentials: a missing bucket instead)."""
     pytest.importorskip("gcsfs")
     pytest.importorskip("gcp_storage_emulator")
     port = _free_port()
@@ -238,27 +260,21 @@ def test_gcs_repository(server_factory, tmp_path):
 
         fs = GCSFileSystem(endpoint_url=host, token="anon", skip_instance_cache=True)
         fs.mkdir("models")
-        for key, data in repository_objects(tmp_path).items():
+
+        def put(key: str, data: bytes) -> None:
             fs.pipe(f"models/repo/{key}", data)
-        server = server_factory("--model-control-mode=explicit", "--load-model=*", repo="gs://models/repo",
-                                env={"STORAGE_EMULATOR_HOST": host})
-        for infer in (infer_http, infer_grpc):
-            assert _infer_identity(infer, server, "py_a") == [0.0, 1.0, 2.0]
-            _add_sub(infer, server)
-        base = f"http://{server.http_url}/v2/repository/models"
-        assert httpx.post(f"{base}/py_b/unload", json={}).status_code == 200
-        fs.pipe("models/repo/py_b/1/model.py", DOUBLE_PY.encode())
-        assert httpx.post(f"{base}/py_b/load", json={}).status_code == 200
-        assert _infer_identity(infer_http, server, "py_b") == [0.0, 2.0, 4.0]
+
+        for key, data in repository_objects(tmp_path).items():
+            put(key, data)
+        check_store(server_factory, "gs://models/repo", {"STORAGE_EMULATOR_HOST": host}, put, tmp_path / "cache")
         missing = server_factory("--model-control-mode=explicit", repo="gs://no-such-bucket/repo",
                                  env={"STORAGE_EMULATOR_HOST": host})
         r = httpx.post(f"http://{missing.http_url}/v2/repository/models/py_a/load", json={})
         assert r.status_code == 500 and "gs://no-such-bucket/repo" in r.json()["error"], r.text
+        assert "does not exist" in r.json()["error"], r.text
     finally:
         _stop(proc)
 
-
-# ---------------------------------------------------------------- Azure Blob (Azurite)
 
 AZURITE = os.environ.get("TRIDENT_AZURITE", shutil.which("azurite-blob") or "")
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -267,6 +283,7 @@ AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1
 @pytest.mark.skipif(not AZURITE or shutil.which("node") is None,
                     reason="Azurite (npm azurite) is not installed: set TRIDENT_AZURITE to azurite-blob")
 def test_azure_repository(server_factory, tmp_path):
+    """Azure Blob against Azurite (its well-known development account and key)."""
     pytest.importorskip("adlfs")
     port = _free_port()
     proc = subprocess.Popen([AZURITE, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
@@ -279,19 +296,35 @@ def test_azure_repository(server_factory, tmp_path):
 
         fs = adlfs.AzureBlobFileSystem(connection_string=conn, skip_instance_cache=True)
         fs.mkdir("models")
-        for key, data in repository_objects(tmp_path).items():
+
+        def put(key: str, data: bytes) -> None:
             fs.pipe(f"models/repo/{key}", data)
-        server = server_factory("--model-control-mode=explicit", "--load-model=*",
-                                repo="as://devstoreaccount1/models/repo",
-                                env={"AZURE_STORAGE_CONNECTION_STRING": conn})
-        for infer in (infer_http, infer_grpc):
-            assert _infer_identity(infer, server, "py_a") == [0.0, 1.0, 2.0]
-            _add_sub(infer, server)
+
+        for key, data in repository_objects(tmp_path).items():
+            put(key, data)
+        url = "as://devstoreaccount1/models/repo"
+        check_store(server_factory, url, {"AZURE_STORAGE_CONNECTION_STRING": conn}, put, tmp_path / "cache")
         bad = conn.replace(AZURITE_KEY, "d3Jvbmc=")
-        denied = server_factory("--model-control-mode=explicit", repo="as://devstoreaccount1/models/repo",
-                                env={"AZURE_STORAGE_CONNECTION_STRING": bad})
+        denied = server_factory("--model-control-mode=explicit", repo=url, env={"AZURE_STORAGE_CONNECTION_STRING": bad})
         r = httpx.post(f"http://{denied.http_url}/v2/repository/models/py_a/load", json={})
-        assert r.status_code == 500 and "as://devstoreaccount1/models/repo" in r.json()["error"], r.text
-        assert "access denied" in r.json()["error"], r.text
+        assert r.status_code == 500 and url in r.json()["error"] and "access denied" in r.json()["error"], r.text
     finally:
         _stop(proc)
+
+
+def test_cloud_urls_parse_as_triton_writes_them():
+    from trident.cloud_repository import parse_cloud_url
+    from trident.errors import TritonError
+
+    loc = parse_cloud_url("s3://bucket/a/b/", env={})
+    assert (loc.protocol, loc.root, loc.options) == ("s3", "bucket/a/b", {})
+    loc = parse_cloud_url("s3://minio.local:9000/bucket/models", env={"AWS_DEFAULT_REGION": "eu-west-1"})
+    assert loc.root == "bucket/models" and loc.options["endpoint_url"] == "http://minio.local:9000"
+    assert loc.options["client_kwargs"] == {"region_name": "eu-west-1"}
+    assert parse_cloud_url("s3://https://s3.local:443/b", env={}).options["endpoint_url"] == "https://s3.local:443"
+    loc = parse_cloud_url("as://acct/container/models", env={"AZURE_STORAGE_KEY": "k"})
+    assert (loc.protocol, loc.root, loc.options) == ("abfs", "container/models", {"account_name": "acct", "account_key": "k"})
+    assert parse_cloud_url("gs://b/p", env={}).root == "b/p"
+    for bad in ("s3://", "as://acct", "gs:///", "ftp://x/y"):
+        with pytest.raises(TritonError):
+            parse_cloud_url(bad, env={})
