@@ -11,7 +11,7 @@ unset PIP_FIND_LINKS PIP_CONSTRAINT PIP_INDEX_URL PIP_EXTRA_INDEX_URL
 python3 -m venv "$work/venv" >&2
 for extras in "onnxruntime,tree,otel" "gpu,onnxruntime-gpu"; do
     "$work/venv/bin/pip" install --dry-run --ignore-installed --quiet \
-        --report "$work/report-${extras%%,*}.json" "$root[$extras]" >&2
+        --report "$work/report-${extras%%,*}.json" "${root}[${extras}]" >&2
 done
 "$work/venv/bin/pip" install --dry-run --ignore-installed --quiet \
     --report "$work/report-build.json" "setuptools>=68" wheel pip >&2

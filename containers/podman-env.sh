@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by containers/*.sh: podman settings that let containers run on this host.
 # Inside an unprivileged-for-rlimits container (no CAP_SYS_RESOURCE) podman's default ulimits
 # (nofile 1048576) cannot be set, and crun refuses cgroup v1/v2 hybrid hosts; a generated

@@ -238,3 +238,30 @@ def test_sigterm_drains_the_request_in_flight(tmp_path: Path, containers) -> Non
     assert result == {"y": [3.0]}
     assert c.wait(60) == 0
     assert seen_draining
+
+
+def _kserve_runtime_args() -> list[str]:
+    """The container args of containers/kubernetes/kserve/clusterservingruntime.yaml (read as
+    text: the list under ``args:``)."""
+    text = (Path(__file__).parents[2] / "containers/kubernetes/kserve/clusterservingruntime.yaml").read_text()
+    block = text.split("\n      args:\n", 1)[1].split("\n      ports:\n", 1)[0]
+    return [line.strip()[2:] for line in block.splitlines() if line.strip().startswith("- ")]
+
+
+def test_the_kserve_runtime_command_serves_v2_on_kserves_ports(tmp_path: Path, containers) -> None:
+    """The ClusterServingRuntime's command as KServe runs it: the repository in /mnt/models (the
+    storage initializer's), REST on 8080, gRPC on 9000, a read-only root file system."""
+    args = _kserve_runtime_args()
+    assert args[0] == "tritonserver" and "--model-store=/mnt/models" in args
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPOSITORY / "add_sub", repo / "add_sub", ignore=shutil.ignore_patterns("__pycache__"))
+    _readable_repo(repo)
+    c = containers(*args, ports=(8080, 9000, 8002), ready_port=8080,
+                   options=("--read-only", "--tmpfs=/tmp", "--env=HOME=/tmp", f"--volume={repo}:/mnt/models:ro"))
+    a = np.ones((1, 16), np.float32)
+    with httpclient.InferenceServerClient(c.url(8080)) as client:
+        assert client.is_model_ready("add_sub")
+        np.testing.assert_array_equal(client.infer("add_sub", _add_sub_inputs(httpclient, a, a)).as_numpy("OUTPUT0"), a + a)
+    with grpcclient.InferenceServerClient(c.url(9000)) as client:
+        np.testing.assert_array_equal(client.infer("add_sub", _add_sub_inputs(grpcclient, a, a)).as_numpy("OUTPUT1"), a - a)
+    assert "nv_inference_request_success" in httpx.get(f"http://{c.url(8002)}/metrics").text
