@@ -134,6 +134,12 @@ def test_bad_input_gets_tritons_errors_and_the_server_keeps_serving(example: Con
     assert httpx.get(f"{base}/v2/health/ready").status_code == 200
 
 
+# the manifests' securityContext: read-only root file system (emptyDirs for /tmp and $HOME), no
+# capabilities, no privilege escalation
+POD_SECURITY = ("--read-only", "--tmpfs=/tmp", "--tmpfs=/home/trident", "--cap-drop=ALL",
+                "--security-opt=no-new-privileges")
+
+
 def _readable_repo(root: Path) -> Path:
     """A repository the container's user (uid 10001) can read through a bind mount."""
     for p in [root, *root.rglob("*")]:
@@ -142,9 +148,9 @@ def _readable_repo(root: Path) -> Path:
 
 
 def test_mounted_repository_read_only_root_and_tritonserver_flags(tmp_path: Path, containers) -> None:
-    """As in Kubernetes with readOnlyRootFilesystem: the root file system read-only, /tmp a tmpfs,
-    a repository mounted read-only at /models, tritonserver's flags and other ports; the health
-    check follows the configured HTTP port."""
+    """As in the Kubernetes manifests (POD_SECURITY): the root file system read-only, /tmp a
+    tmpfs, no capabilities, a repository mounted read-only at /models; tritonserver's flags and
+    other ports: the health check follows the configured HTTP port."""
     repo = tmp_path / "repo"
     shutil.copytree(EXAMPLE_REPOSITORY / "identity_fp32", repo / "mounted_identity",
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -153,7 +159,7 @@ def test_mounted_repository_read_only_root_and_tritonserver_flags(tmp_path: Path
     _readable_repo(repo)
     c = containers("tritonserver", "--model-repository=/models", "--http-port=9000", "--grpc-port=9001",
                    "--metrics-port=9002", ports=(9000, 9001, 9002), ready_port=9000,
-                   options=("--read-only", "--tmpfs=/tmp", f"--volume={repo}:/models:ro"))
+                   options=(*POD_SECURITY, f"--volume={repo}:/models:ro"))
     with httpclient.InferenceServerClient(c.url(9000)) as client:
         assert [m["name"] for m in client.get_model_repository_index()] == ["mounted_identity"], c.logs()
         x = httpclient.InferInput("INPUT0", [3], "FP32")
@@ -257,7 +263,7 @@ def test_the_kserve_runtime_command_serves_v2_on_kserves_ports(tmp_path: Path, c
     shutil.copytree(EXAMPLE_REPOSITORY / "add_sub", repo / "add_sub", ignore=shutil.ignore_patterns("__pycache__"))
     _readable_repo(repo)
     c = containers(*args, ports=(8080, 9000, 8002), ready_port=8080,
-                   options=("--read-only", "--tmpfs=/tmp", "--env=HOME=/tmp", f"--volume={repo}:/mnt/models:ro"))
+                   options=(*POD_SECURITY, "--env=HOME=/tmp", f"--volume={repo}:/mnt/models:ro"))
     a = np.ones((1, 16), np.float32)
     with httpclient.InferenceServerClient(c.url(8080)) as client:
         assert client.is_model_ready("add_sub")
