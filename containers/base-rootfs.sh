@@ -9,9 +9,15 @@
 #
 # Needs root (or a user namespace mmdebstrap can use), mmdebstrap and podman.
 set -euo pipefail
+. "$(dirname "$0")/podman-env.sh"
 BASE_IMAGE=${BASE_IMAGE:-localhost/trident-base:bookworm}
 SUITE=${SUITE:-bookworm}
+# The Debian packages are the suite's current ones (with security updates) when it runs; for a
+# fixed date point both mirrors at snapshot.debian.org, e.g.
+#   MIRROR=http://snapshot.debian.org/archive/debian/20251101T000000Z \
+#   SECURITY_MIRROR=http://snapshot.debian.org/archive/debian-security/20251101T000000Z
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
+SECURITY_MIRROR=${SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 if [[ -z ${BASE_REBUILD:-} ]] && podman image exists "$BASE_IMAGE"; then
     echo "base-rootfs: $BASE_IMAGE present"
     exit 0
@@ -28,7 +34,7 @@ nice -n 19 mmdebstrap --variant=apt --format=tar \
     --dpkgopt='path-include=/usr/share/doc/*/copyright' \
     --dpkgopt='path-exclude=/usr/share/locale/*' \
     --dpkgopt='path-exclude=/usr/share/info/*' \
-    "$SUITE" "$work/rootfs.tar" "deb $MIRROR $SUITE main" "deb $MIRROR-security $SUITE-security main"
+    "$SUITE" "$work/rootfs.tar" "deb $MIRROR $SUITE main" "deb $SECURITY_MIRROR $SUITE-security main"
 podman import --change 'CMD ["/bin/bash"]' --change 'ENV LANG=C.UTF-8' \
     "$work/rootfs.tar" "$BASE_IMAGE" >/dev/null
-echo "base-rootfs: $BASE_IMAGE imported ($(podman run --rm "$BASE_IMAGE" python3 --version))"
+echo "base-rootfs: $BASE_IMAGE imported ($(podman image inspect --format '{{.Size}}' "$BASE_IMAGE" | awk '{printf "%.0f MB", $1/1e6}'))"

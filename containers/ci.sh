@@ -24,7 +24,7 @@ done
 . containers/podman-env.sh
 podman info >/dev/null 2>&1 || not_run "podman info fails: $(podman info 2>&1 | tail -n 1)"
 containers/base-rootfs.sh
-if ! probe=$(podman run --rm localhost/trident-base:bookworm true 2>&1); then
+if ! probe=$(podman run --rm localhost/trident-base:bookworm python3 --version 2>&1); then
     not_run "podman cannot run a container here: $(tail -n 1 <<<"$probe")"
 fi
 containers/build.sh
