@@ -9,6 +9,7 @@
 #
 # Needs root (or a user namespace mmdebstrap can use), mmdebstrap and podman.
 set -euo pipefail
+# shellcheck source=containers/podman-env.sh
 . "$(dirname "$0")/podman-env.sh"
 BASE_IMAGE=${BASE_IMAGE:-localhost/trident-base:bookworm}
 SUITE=${SUITE:-bookworm}
