@@ -15,9 +15,17 @@ The listeners bind as ``trio.open_tcp_listeners`` does (every address ``host`` r
 from __future__ import annotations
 
 import errno
+import logging
 import socket
+from collections.abc import Callable, Collection
 
 import trio
+
+log = logging.getLogger("trident.listening")
+
+ACCEPT_BATCH = 64  # most connections taken from the kernel's queue in one scheduler pass
+#: accept() errors of a full process or machine: logged, and accepting retries after 100 ms
+CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 # accept() errors that concern one connection that is already gone: skip it, accept the next
 _SKIP_ERRNOS = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.ENETDOWN, errno.ENOPROTOOPT,
@@ -116,3 +124,37 @@ async def acquire_slots(slots: trio.Semaphore, most: int) -> int:
         slots.acquire_nowait()
         taken += 1
     return taken
+
+
+async def serve_listener(listener: TcpListener, slots: trio.Semaphore, start: Callable[[trio.SocketStream], None],
+                         *, at_limit: Callable[[], None], retry_errnos: Collection[int] = CAPACITY_ERRNOS) -> None:
+    """Accept connections on ``listener`` until cancelled, each holding one of ``slots`` (the
+    connection releases it when it closes); ``start(stream)`` hands each one to its owner
+    (starts its task). Every connection already waiting is accepted at once.
+
+    At the limit (no slot free) ``at_limit()`` is called (to warn) and accepting waits. An
+    accept error in ``retry_errnos`` (EMFILE and kin) is logged and retried after 100 ms; others
+    raise OSError.
+    """
+    while True:
+        if slots.value == 0:
+            at_limit()
+        taken = await acquire_slots(slots, ACCEPT_BATCH)
+        try:
+            streams = await listener.accept_waiting(taken)
+        except OSError as exc:
+            for _ in range(taken):
+                slots.release()
+            if exc.errno not in retry_errnos:
+                raise
+            log.error("accept failed (%s): waiting 100 ms", errno.errorcode.get(exc.errno or 0, exc.errno))
+            await trio.sleep(0.1)
+            continue
+        except BaseException:
+            for _ in range(taken):
+                slots.release()
+            raise
+        for _ in range(taken - len(streams)):
+            slots.release()
+        for stream in streams:
+            start(stream)

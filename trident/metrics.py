@@ -18,6 +18,7 @@ from prometheus_client.utils import floatToGoString
 
 from trident.backends.metrics import custom_metrics_for
 from trident.host_metrics import CpuMetrics, GpuMetrics
+from trident.http.app import answer_lifespan
 from trident.model_metrics import SUMMARY_KINDS, model_gpu_uuid, model_labels, parse_metrics_config
 from trident.stats import FAILURE_REASONS
 
@@ -198,13 +199,8 @@ def make_metrics_app(server: Server, *collectors: Collector) -> Any:
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await answer_lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         if scope["path"] != "/metrics":

@@ -21,7 +21,6 @@ implementation: ``trident`` or ``h2``; see
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import ssl
@@ -32,7 +31,7 @@ import trio
 
 from trident.grpc.h2_engine import ENGINES
 from trident.grpc.transport import Connection, Method, ServerBudget, TransportConfig
-from trident.listening import TcpListener, acquire_slots, open_tcp_listeners
+from trident.listening import TcpListener, open_tcp_listeners, serve_listener
 from trident.options import ServerOptions
 
 if TYPE_CHECKING:
@@ -42,7 +41,6 @@ log = logging.getLogger("trident.grpc")
 
 # tritonserver --grpc-infer-response-compression-level -> gzip level
 COMPRESSION_LEVELS = {"none": 0, "low": 1, "medium": 6, "high": 9}
-_ACCEPT_RETRY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 
 
 def transport_config(options: ServerOptions) -> TransportConfig:
@@ -208,34 +206,16 @@ async def _connection_nursery(*, task_status: Any = trio.TASK_STATUS_IGNORED) ->
             await stop.wait()
 
 
-ACCEPT_BATCH = 64  # most connections taken from the kernel's queue in one scheduler pass
-
-
 async def _accept_loop(listener: TcpListener, nursery: trio.Nursery, handle: Any,
                        slots: trio.Semaphore) -> None:
-    """Accept while a connection slot is free; ``handle`` releases the slot when it returns.
-    Every connection already waiting is accepted at once (see trident.listening)."""
+    """Accept while a connection slot is free; ``handle`` releases the slot when it returns."""
     warned = -math.inf
-    while True:
-        if slots.value == 0 and trio.current_time() - warned > 60:
+
+    def at_limit() -> None:
+        nonlocal warned
+        if trio.current_time() - warned > 60:
             warned = trio.current_time()
             log.warning("gRPC connection limit reached: accepting pauses until a connection closes")
-        taken = await acquire_slots(slots, ACCEPT_BATCH)
-        try:
-            streams = await listener.accept_waiting(taken)
-        except OSError as e:
-            for _ in range(taken):
-                slots.release()
-            if e.errno not in _ACCEPT_RETRY_ERRNOS:
-                raise
-            log.error("accept() failed (%s); retrying in 100 ms", e)
-            await trio.sleep(0.1)
-            continue
-        except BaseException:
-            for _ in range(taken):
-                slots.release()
-            raise
-        for _ in range(taken - len(streams)):
-            slots.release()
-        for stream in streams:
-            nursery.start_soon(handle, stream)
+
+    await serve_listener(listener, slots, lambda stream: nursery.start_soon(handle, stream),
+                         at_limit=at_limit)

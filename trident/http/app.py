@@ -146,7 +146,9 @@ async def _read_json_object(scope: Scope, receive: Receive, limit: int, *, requi
     return doc
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
+async def answer_lifespan(receive: Receive, send: Send) -> None:
+    """Answer an ASGI ``lifespan`` scope (nothing to start or stop): returns after shutdown.
+    Every ASGI app of trident (this one, the metrics port's) uses it."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
@@ -416,7 +418,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
         kind = scope["type"]
         if kind != "http":
             if kind == "lifespan":
-                await _lifespan(receive, send)
+                await answer_lifespan(receive, send)
             return
         try:
             await route(scope, receive, send)

@@ -44,7 +44,6 @@ only moves bytes and drives the ASGI calls:
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import os
@@ -57,7 +56,7 @@ import trio
 
 from trident.http.app import ASGIApp, Message, make_app
 from trident.http.infer import JSON, Disconnected, HTTPError, InferEndpoint, too_large
-from trident.listening import TcpListener, acquire_slots, open_tcp_listeners
+from trident.listening import TcpListener, open_tcp_listeners, serve_listener
 from trident.protocol import kserve
 from trident.protocol.http1 import (
     CONTINUE,
@@ -91,7 +90,6 @@ HEADER_TIMEOUT = 30.0  # the defaults of --http-header-timeout-secs, --http-body
 BODY_TIMEOUT = 60.0  # --http-max-connections (trident.options)
 MAX_CONNECTIONS = 4096
 MIN_BODY_RATE = 64 * 1024  # bytes/s: a body's deadline grows by 1 s per this many bytes received
-_ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
 _NEVER = math.inf
@@ -713,38 +711,19 @@ def _infer_target(target: bytes) -> tuple[str, str] | None:
 _TARGETS: dict[bytes, tuple[str, str]] = {}  # infer targets seen (bounded)
 
 
-ACCEPT_BATCH = 64  # most connections taken from the kernel's queue in one scheduler pass
-
-
 async def _accept_loop(listener: TcpListener, state: _State, nursery: trio.Nursery) -> None:
-    """Accept connections, each holding one of ``state.slots`` (at the limit, accepting waits).
-    Every connection already waiting is accepted at once (see trident.listening)."""
-    slots = state.slots
-    while True:
-        if slots.value == 0:
-            log.warning("%d HTTP connections are open (--http-max-connections): accepting pauses until one "
-                        "closes", slots.max_value)
-        taken = await acquire_slots(slots, ACCEPT_BATCH)
-        try:
-            streams = await listener.accept_waiting(taken)
-        except OSError as exc:
-            for _ in range(taken):
-                slots.release()
-            if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
-                raise
-            log.error("accept failed (%s): waiting 100 ms", errno.errorcode.get(exc.errno or 0, exc.errno))
-            await trio.sleep(0.1)
-            continue
-        except BaseException:
-            for _ in range(taken):
-                slots.release()
-            raise
-        for _ in range(taken - len(streams)):
-            slots.release()
-        for stream in streams:
-            conn = _Connection(state, stream)
-            state.connections.add(conn)
-            nursery.start_soon(conn.run, name="trident.http.connection")
+    """Accept connections, each holding one of ``state.slots`` (at the limit, accepting waits)."""
+
+    def start(stream: trio.SocketStream) -> None:
+        conn = _Connection(state, stream)
+        state.connections.add(conn)
+        nursery.start_soon(conn.run, name="trident.http.connection")
+
+    def at_limit() -> None:
+        log.warning("%d HTTP connections are open (--http-max-connections): accepting pauses until one "
+                    "closes", state.slots.max_value)
+
+    await serve_listener(listener, state.slots, start, at_limit=at_limit)
 
 
 async def _tick(state: _State) -> None:

@@ -97,3 +97,30 @@ async def test_acquire_slots_takes_what_is_free() -> None:
     with trio.move_on_after(0.05) as scope:
         await acquire_slots(slots, 4)
     assert scope.cancelled_caught
+
+
+async def test_serve_listener_holds_a_slot_per_connection_and_pauses_at_the_limit() -> None:
+    from trident.listening import serve_listener
+
+    (listener,) = await open_tcp_listeners(0, host="127.0.0.1")
+    slots = trio.Semaphore(2)
+    started: list[trio.SocketStream] = []
+    limits: list[int] = []
+    clients = _connect(listener.port(), 3)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: serve_listener(listener, slots, started.append,
+                                                      at_limit=lambda: limits.append(len(started))))
+            await trio.sleep(0.1)
+            assert len(started) == 2 and slots.value == 0 and limits  # the third waits for a slot
+            await started[0].aclose()
+            slots.release()  # the connection's owner gives its slot back when it closes
+            await trio.sleep(0.1)
+            assert len(started) == 3
+            nursery.cancel_scope.cancel()
+    finally:
+        for s in started:
+            await s.aclose()
+        for c in clients:
+            c.close()
+        listener.close()
