@@ -34,7 +34,7 @@ echo "== check_manifests.py"
 echo "== kubernetes-validate --strict $("$bin/kubernetes-validate" --version)"
 # kinds without a schema in kubernetes-validate (Kustomization, ServiceMonitor, KServe's) are
 # reported as WARN: check_manifests.py covers the Kustomizations and KServe kinds
-"$bin/kubernetes-validate" --strict --quiet "${manifests[@]}" "$rendered"/*.yaml
+"$bin/kubernetes-validate" --strict "${manifests[@]}" "$rendered"/*.yaml
 
 echo "== checkov $("$bin/checkov" --version)"
 "$bin/checkov" --quiet --compact --skip-download --framework kubernetes dockerfile \
