@@ -446,6 +446,10 @@ class ModelRepository:
             if isinstance(e, _CircularDependency) and len(chain) > 1:
                 raise  # reported once, by the ensemble whose load was asked for
             raise invalid_arg(f"load failed for model '{name}': {e.message}") from e
+        except BaseException:  # cancelled (shutdown): the agents' copies and the download go too
+            with trio.CancelScope(shield=True):
+                await self._discard(agents, tmpdir)
+            raise
         if (not ensemble and not files and agents is None and tmpdir is None
                 and await self._update_in_place(rec, config, versions, model_dir)):
             log.info("successfully applied the instance counts of '%s' version(s) %s without reloading",
@@ -488,18 +492,20 @@ class ModelRepository:
                 rec.failed = dict(failures)
             detail = "; ".join(f"version {v} is at UNAVAILABLE state: {r}" for v, r in sorted(failures.items()))
             raise invalid_arg(f"load failed for model '{name}': {detail}")
+        if files:
+            fingerprint: tuple[Any, ...] = ()
+        elif isinstance(source, RemoteModel):
+            fingerprint = remote_fingerprint
+        else:
+            fingerprint = await trio.to_thread.run_sync(_fingerprint, source_dir, limiter=self._io_limiter)
+        if agents is not None:
+            await trio.to_thread.run_sync(agents.load_complete, limiter=self._io_limiter)
+        # the swap: no checkpoint from here to the end of the record's update
         old = rec.versions
         rec.versions = fresh
         rec.failed = {}
         rec.unloaded = set()
-        if files:
-            rec.fingerprint = ()
-        elif isinstance(source, RemoteModel):
-            rec.fingerprint = remote_fingerprint
-        else:
-            rec.fingerprint = await trio.to_thread.run_sync(_fingerprint, source_dir, limiter=self._io_limiter)
-        if agents is not None:
-            await trio.to_thread.run_sync(agents.load_complete, limiter=self._io_limiter)
+        rec.fingerprint = fingerprint
         old_agents, rec.agents = rec.agents, agents
         stale = rec.tmpdir if rec.tmpdir and rec.tmpdir != tmpdir else None
         self._nursery.start_soon(self._unload_versions, list(old.values()), stale, old_agents)
