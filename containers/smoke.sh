@@ -13,5 +13,10 @@ tests=(tests/containers/test_image.py)
 if [[ -n ${TRIDENT_GPU_CHECK_IMAGE:-} ]]; then
     tests+=(tests/containers/test_gpu_install.py)
 fi
-exec python -m pytest -q -s -p no:cacheprovider \
-    "${tests[@]}" "$@"
+# every container a test starts carries this label: one left behind by an interrupted run goes
+export TRIDENT_SMOKE_SESSION=$$
+cleanup() {
+    podman ps -aq --filter "label=trident-smoke=$TRIDENT_SMOKE_SESSION" | xargs -r podman rm --force --time 0 >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+python -m pytest -q -s -p no:cacheprovider "${tests[@]}" "$@"

@@ -104,7 +104,8 @@ def run_container(*command: str, image: str | None = None, ports: tuple[int, ...
     mapping = {p: free_port() for p in ports}
     publish = [f"--publish=127.0.0.1:{host}:{inside}" for inside, host in mapping.items()]
     started = time.monotonic()
-    podman("run", "--detach", "--name", name, *publish, *options, image or IMAGE, *command)
+    label = f"--label=trident-smoke={os.environ.get('TRIDENT_SMOKE_SESSION', os.getpid())}"
+    podman("run", "--detach", "--name", name, label, *publish, *options, image or IMAGE, *command)
     c = Container(name, mapping, started)
     if ready_port is None:
         return c
