@@ -201,8 +201,8 @@ def test_a_missing_repository_exits_1_with_the_reason(containers) -> None:
 
 
 def test_sigterm_drains_the_request_in_flight(tmp_path: Path, containers) -> None:
-    """podman stop's SIGTERM with a request executing: readiness turns false, the request gets
-    its answer, the container exits 0."""
+    """SIGTERM (podman stop's signal) with a request executing: readiness turns false, new
+    inferences get 503, the request in flight gets its answer, the container exits 0."""
     repo = tmp_path / "repo"
     write_model(repo, "slow", SLOW_CONFIG, SLOW_PY)
     _readable_repo(repo)
@@ -240,10 +240,14 @@ def test_sigterm_drains_the_request_in_flight(tmp_path: Path, containers) -> Non
         except OSError:
             break  # the drain ended already
         time.sleep(0.01)
+    assert seen_draining
+    # a new inference during the drain is refused (UNAVAILABLE), the one in flight completes
+    body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [0.0]}]}
+    refused = httpx.post(f"http://{c.url(8000)}/v2/models/slow/infer", json=body)
+    assert refused.status_code == 503 and "stopping" in refused.json()["error"]
     thread.join(60)
     assert result == {"y": [3.0]}
     assert c.wait(60) == 0
-    assert seen_draining
 
 
 def _kserve_runtime_args() -> list[str]:
