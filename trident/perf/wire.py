@@ -324,6 +324,8 @@ class H2Connection:
         self._header_cache: dict[bytes, list[tuple[str, str]]] = {}
         self._blocks: dict[str, bytes] = {}
         self._encoder = hpack.Encoder()  # only the first request per path adds table entries
+        self._indexed: set[str] = set()  # paths whose first (table-filling) block was sent
+        self._templates: dict[tuple[str, bytes], tuple[bytearray, int]] = {}
         self._header_buf: dict[int, tuple[bytearray, int]] = {}
         self.messages: dict[int, bytearray] = {}
 
@@ -349,9 +351,45 @@ class H2Connection:
         return len(self._streams)
 
     def start(self, path: str) -> int:
+        self._indexed.add(path)
+        return self._new_stream(self._block(path))
+
+    def unary(self, path: str, message: bytes) -> tuple[int, bytes]:
+        """Open a call that sends one message and ends: its stream id and every byte to write
+        (from a template with the stream id patched in, when the message fits the windows)."""
+        size = len(message) + 5
+        if size > min(self._max_frame, self._peer_initial_window, self._conn_window) or self._out:
+            stream = self.start(path)
+            self.send_message(stream, message, end=True)
+            return stream, self.outgoing()
+        key = (path, message)
+        template = self._templates.get(key)
+        if template is None:
+            block = self._block(path)
+            if path not in self._indexed:  # the first block adds table entries: not a template
+                self._indexed.add(path)
+                stream = self._new_stream(block)
+                self.send_message(stream, message, end=True)
+                return stream, self.outgoing()
+            head = _frame(_HEADERS, _END_HEADERS, 0, block)
+            template = (bytearray(head + _frame(_DATA, _END_STREAM, 0, b"\x00" + struct.pack(">I", len(message))
+                                                 + message)), len(head))
+            if len(self._templates) < 64:
+                self._templates[key] = template
+        buf, at = template
         stream = self._next_stream
         self._next_stream += 2
-        self._out += _frame(_HEADERS, _END_HEADERS, stream, self._block(path))
+        sid = struct.pack(">I", stream)
+        buf[5:9] = sid
+        buf[at + 5:at + 9] = sid
+        self._streams[stream] = _Stream(memoryview(b""), False, self._peer_initial_window - size)
+        self._conn_window -= size
+        return stream, bytes(buf)
+
+    def _new_stream(self, block: bytes) -> int:
+        stream = self._next_stream
+        self._next_stream += 2
+        self._out += _frame(_HEADERS, _END_HEADERS, stream, block)
         self._streams[stream] = _Stream(memoryview(b""), False, self._peer_initial_window)
         if self.collect_messages:
             self.messages[stream] = bytearray()
