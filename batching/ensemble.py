@@ -1,12 +1,12 @@
 """Ensemble models (``platform: "ensemble"``): a DAG of composing models run per request.
 
-:class:`EnsembleVersion` stands where a :class:`~trident.model.ModelVersion` stands for the
-repository and the front ends (same attributes and ``infer_stream``), but owns no instance and
-no queue. Its load checks the steps against the composing models, which the repository has
-loaded first (:func:`~trident.batching.ensemble_plan.build_plan`); it is READY only while every
-composing model is.
+An ensemble is a :class:`~trident.model.ModelVersion` like any other model, whose scheduler is
+:class:`EnsembleScheduler` instead of a queue: it owns no instance. Its load checks the steps
+against the composing models, which the repository has loaded first
+(:func:`~trident.batching.ensemble_plan.build_plan`); it is READY only while every composing
+model is.
 
-Each request runs in its own nursery (:class:`_EnsembleRequest`). Ensemble tensors are kept by
+Each request runs in its own nursery (:class:`EnsembleRequest`). Ensemble tensors are kept by
 iteration, as Triton keeps them: the request's inputs are iteration 0, and each response of a
 step adds the next iteration of the tensors it writes. A step starts, as a task of the
 request's nursery, as soon as every tensor it reads has a value of the same iteration, so
@@ -33,15 +33,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import trio
 
-from trident import config as cfg
-from trident.batching.admission import tensor_specs, validate_request
 from trident.batching.batcher import Sequencer, Turn
-from trident.batching.cache import request_key
 from trident.batching.ensemble_plan import (
     EnsemblePlan,
     Step,
@@ -51,11 +47,17 @@ from trident.batching.ensemble_plan import (
     version_string,
 )
 from trident.errors import Code, TritonError, invalid_arg, unavailable
-from trident.model_metrics import observer_for
 from trident.protocol.classification import classify
 from trident.protocol.generated.inference import ModelConfig, ModelTransactionPolicy
-from trident.stats import CANCELED, OTHER, StatsRecorder
-from trident.types import FLAG_ONLY, InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
+from trident.types import (
+    FLAG_ONLY,
+    InferenceRequest,
+    InferenceResponse,
+    ParamValue,
+    RequestedOutput,
+    Tensor,
+    TensorSpec,
+)
 
 log = logging.getLogger("trident.ensemble")
 
@@ -78,111 +80,64 @@ class ComputeSums:
         self.output_ns += output_ns
 
 
-class EnsembleVersion:
-    """One version of an ensemble model."""
+class EnsembleScheduler:
+    """The scheduler of an ensemble model version: a :class:`~trident.model.ModelVersion` made
+    with ``ensemble=`` runs each request through :meth:`request` instead of a queue.
 
-    def __init__(self, name: str, version: int, config: ModelConfig, model_dir: Path, *, resolve: Resolve,
-                 server: Any = None, cache: Any = None) -> None:
+    It owns the plan (the steps checked against the composing models) and the steps' in-flight
+    limits; the model version owns the rest (state, drain, cache, tracing, statistics) as it
+    does for every model.
+    """
+
+    def __init__(self, name: str, version: int, config: ModelConfig, outputs: dict[str, TensorSpec], *,
+                 resolve: Resolve) -> None:
         self.name = name
         self.version = version
-        self.config = config
-        self.config_json = cfg.config_to_json(config)
-        self.backend = None
-        self.model_dir = model_dir
-        self.platform = config.platform
-        self.max_batch_size = int(config.max_batch_size)
+        self.config = config  # the model version's own (use() updates its decoupled flag)
         policy = config.model_transaction_policy
         self.decoupled = bool(policy and policy.decoupled)
-        self.state = "LOADING"
-        self.reason = ""
-        self.stats = StatsRecorder(name, str(version))
-        self.latency = observer_for(server, config)
-        self._tracer = getattr(server, "tracer", None)
-        self.load_duration_s = 0.0
-        self.inflight = 0
-        self.dropped = 0
-        self.discarded = 0
-        self.instances: list[Any] = []
-        enabled = config.response_cache is not None and config.response_cache.enable
-        self.cache = cache if enabled else None  # Triton caches an ensemble's top-level responses
+        self.outputs = outputs
         self.plan: EnsemblePlan | None = None
         self._resolve = resolve
         self._limiters: list[trio.Semaphore] = []
-        self._unload = trio.Event()
-        self.stopped = trio.Event()
-        self._idle = trio.Event()
-        self._idle.set()
-        self.inputs, self.outputs = tensor_specs(config, model_dir)
-
-    # ---- lifetime -------------------------------------------------------------------------
 
     def composing(self) -> list[tuple[str, str]]:
         """(model name, version string) of each composing model, in step order."""
         return [(name, version_string(version)) for name, version in dependencies(self.config)]
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Check the steps against the composing models, serve until unloaded, drain.
+    def start(self) -> None:
+        """Check the steps against the composing models (unless :meth:`use` was given a checked
+        plan) and set up the steps' limits. Raises TritonError(INVALID_ARG) when they do not fit."""
+        if self.plan is None:
+            self.refresh()
+        if self.plan is not None and self.plan.max_inflight_requests > 0:
+            self._limiters = [trio.Semaphore(self.plan.max_inflight_requests) for _ in self.plan.steps]
 
-        Raises TritonError(INVALID_ARG) (before ``task_status.started``) when the steps do not
-        fit the composing models (checked here unless :meth:`use` was given a checked plan).
-        """
-        try:
-            if self.plan is None:
-                self.refresh()
-            if self.plan is not None and self.plan.max_inflight_requests > 0:
-                self._limiters = [trio.Semaphore(self.plan.max_inflight_requests) for _ in self.plan.steps]
-            self.state = "READY"
-            task_status.started()
-            await self._unload.wait()
-            self.state = "UNLOADING"
-            await self._idle.wait()
-            self.reason = "unloaded"
-        finally:
-            self.state = "UNAVAILABLE"
-            self.stopped.set()
+    def refresh(self) -> bool:
+        """Check the steps against the composing models now serving (after one was reloaded);
+        returns :meth:`use`'s answer. Raises TritonError(INVALID_ARG) with the reason when they
+        no longer fit; the plan in use is then unchanged."""
+        return self.use(build_plan(self.config, lambda n, v: self._resolve(n, version_string(v))))
 
-    def refresh(self) -> None:
-        """Check the steps against the composing models now serving (after one was reloaded).
-
-        Raises TritonError(INVALID_ARG) with the reason when they no longer fit; the plan in
-        use is then unchanged.
-        """
-        self.use(build_plan(self.config, lambda n, v: self._resolve(n, version_string(v))))
-
-    def use(self, plan: EnsemblePlan) -> None:
-        """Run by ``plan`` (checked against the composing models); the config's decoupled flag
-        follows the steps."""
-        if plan.decoupled != self.decoupled:  # derived from the steps, as Triton does
+    def use(self, plan: EnsemblePlan) -> bool:
+        """Run by ``plan`` (checked against the composing models). The config's decoupled flag
+        follows the steps, as Triton derives it; returns True when that changed it."""
+        changed = plan.decoupled != self.decoupled
+        if changed:
             self.config.model_transaction_policy = ModelTransactionPolicy(decoupled=plan.decoupled)
-            self.config_json = cfg.config_to_json(self.config)
             self.decoupled = plan.decoupled
         self.plan = plan
+        return changed
 
-    def request_unload(self) -> None:
-        """Stop accepting requests; :meth:`run` drains and returns."""
-        if self.state in ("READY", "LOADING"):
-            self.state = "UNLOADING"
-        self._unload.set()
-
-    # ---- front door -----------------------------------------------------------------------
-
-    def queued(self) -> int:
-        """An ensemble has no queue of its own (its steps queue at their models)."""
-        return 0
-
-    def is_ready(self) -> bool:
-        """READY, and so is every composing model."""
-        if self.state != "READY":
-            return False
+    def ready(self) -> bool:
+        """Every composing model is READY."""
         try:
             return all(self._resolve(n, v).is_ready() for n, v in self.composing())
         except TritonError:
             return False
 
-    async def probe_ready(self) -> bool:
-        """:meth:`is_ready`, with every composing model's own probe. Never raises."""
-        if not self.is_ready():
-            return False
+    async def probe(self) -> bool:
+        """Every composing model answers its own readiness probe. Never raises."""
         for name, version in self.composing():
             try:
                 model = self._resolve(name, version)
@@ -190,93 +145,17 @@ class EnsembleVersion:
                 return False
             if not await model.probe_ready():
                 return False
-        return self.state == "READY"
+        return True
 
-    def validate(self, request: InferenceRequest) -> int:
-        """Check the request against the ensemble's inputs and outputs; return its batch size.
-
-        Raises TritonError(INVALID_ARG).
-        """
-        return validate_request(self.name, self.max_batch_size, self.inputs, self.outputs, request)
-
-    async def infer_stream(self, request: InferenceRequest, send: SendResponse) -> None:
-        """Run the ensemble for ``request``; ``await send(response)`` for each response.
-
-        Raises TritonError: UNAVAILABLE when not serving, INVALID_ARG for a bad request, the
-        failing step's error (prefixed with the ensemble, step and model). Cancellation:
-        cancelling the caller cancels every step of the request.
-        """
-        if self.state != "READY" or self.plan is None:
-            raise unavailable(f"model '{self.name}' version {self.version} is not ready (state {self.state})")
-        batch = self.validate(request)
-        self.inflight += 1
-        if self.inflight == 1:
-            self._idle = trio.Event()
-        run = _EnsembleRequest(self, self.plan, request, send, batch if self.max_batch_size > 0 else 0)
-        trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
-        run.trace = trace
-        key = None
-        try:
-            if self.cache is not None and not self.decoupled:
-                lookup_start = time.monotonic_ns()
-                key = request_key(self.name, self.version, request)
-                cached = self.cache.lookup(key)
-                lookup_ns = time.monotonic_ns() - lookup_start
-                if cached is not None:
-                    cached.model_name, cached.model_version, cached.id = self.name, str(self.version), request.id
-                    await send(cached)
-                    self.stats.record_cache_hit(time.monotonic_ns() - request.arrival_ns,
-                                                lookup_start - request.arrival_ns, lookup_ns)
-                    return
-                run.on_final = lambda response: self._cache_insert(key, response, lookup_ns)
-            await run.execute()
-        except TritonError:
-            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=OTHER)
-            raise
-        except BaseException as exc:  # cancelled (the steps' Cancelled come grouped by the nursery)
-            cancelled = _only_cancelled(exc)
-            if cancelled:
-                request.cancel()
-            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED if cancelled else OTHER)
-            raise
-        else:
-            self._record(run, batch)
-        finally:
-            if trace is not None and self._tracer is not None:
-                self._tracer.record(trace, [("REQUEST_START", request.arrival_ns), ("QUEUE_START", run.started_ns),
-                                            ("REQUEST_END", time.monotonic_ns())], run.response)
-            self.inflight -= 1
-            if self.inflight == 0:
-                self._idle.set()
-
-    def _record(self, run: _EnsembleRequest, batch: int) -> None:
-        sums = run.sums
-        request = run.request
-        request_ns = time.monotonic_ns() - request.arrival_ns
-        queue_ns = run.started_ns - request.arrival_ns
-        self.stats.record_success(request_ns, queue_ns, sums.input_ns, sums.infer_ns, sums.output_ns)
-        self.stats.record_execution(max(1, batch), sums.input_ns, sums.infer_ns, sums.output_ns)
-        if request.stats_sink is not None:  # a nested ensemble reports to its parent
-            request.stats_sink.add(sums.input_ns, sums.infer_ns, sums.output_ns)
-        if self.latency is not None:
-            if run.first_response_ns is not None:
-                self.latency.first_response(run.first_response_ns - request.arrival_ns)
-            self.latency.request(request_ns, queue_ns, sums.input_ns, sums.infer_ns, sums.output_ns)
-
-    def _cache_insert(self, key: int, response: InferenceResponse, lookup_ns: int) -> None:
-        assert self.cache is not None
-        start = time.monotonic_ns()
-        if self.cache.insert(key, response):
-            self.stats.record_cache_miss(lookup_ns + time.monotonic_ns() - start)
+    def request(self, request: InferenceRequest, send: SendResponse, batch: int) -> EnsembleRequest:
+        """The run of ``request`` (``await run.execute()`` runs it; ``batch`` 0: not batching).
+        Raises TritonError(UNAVAILABLE) before :meth:`start`."""
+        if self.plan is None:
+            raise unavailable(f"model '{self.name}' version {self.version} is not ready (no checked plan)")
+        return EnsembleRequest(self, self.plan, request, send, batch)
 
     def limiter(self, step: int) -> trio.Semaphore | None:
         return self._limiters[step] if self._limiters else None
-
-
-def _only_cancelled(exc: BaseException) -> bool:
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_only_cancelled(e) for e in exc.exceptions)
-    return isinstance(exc, trio.Cancelled)
 
 
 class _Value:
@@ -291,10 +170,10 @@ class _Value:
         self.readers = readers
 
 
-class _EnsembleRequest:
+class EnsembleRequest:
     """The state of one ensemble request: tensors by iteration, started steps, the response."""
 
-    def __init__(self, ensemble: EnsembleVersion, plan: EnsemblePlan, request: InferenceRequest, send: SendResponse,
+    def __init__(self, ensemble: EnsembleScheduler, plan: EnsemblePlan, request: InferenceRequest, send: SendResponse,
                  batch: int) -> None:
         self.ensemble = ensemble
         self.plan = plan

@@ -1,17 +1,21 @@
-"""A loaded model version: its nursery, instances, queue, request validation and statistics.
+"""A loaded model version (every model, ensembles included): its nursery, instances, queue,
+request validation, response cache, tracing and statistics.
 
 Lifetime (:meth:`ModelVersion.run`, started with ``nursery.start`` in the repository's
 nursery): load every instance in its own worker thread, register them with the rate limiter,
 run the ``model_warmup`` samples on each, start the scheduler (one worker task per instance),
 report READY, wait for unload, drain in-flight requests, cancel the workers, finalize the
 instances in threads. A load or warmup failure raises out of ``nursery.start``.
-:meth:`ModelVersion.update_instances` applies an instance-count change in place.
+:meth:`ModelVersion.update_instances` applies an instance-count change in place. An ensemble
+loads nothing: its scheduler checks the steps against the composing models, and it is READY
+while they are.
 
 Request path (:meth:`ModelVersion.infer_stream`): validate, answer from the response cache
 when enabled and it has the answer, else enqueue, then forward the request's responses as the
 workers produce them (in dequeue order with ``preserve_ordering``). The awaiting task owns the
 request: cancelling it marks the request cancelled, so a queued request is dropped before
-batch assembly and a running one has its result discarded.
+batch assembly and a running one has its result discarded. An ensemble's request runs its
+steps instead of queueing (trident.batching.ensemble).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from trident.backends.base import PlainThreads, Threads
 from trident.batching import make_scheduler
 from trident.batching.admission import tensor_specs, validate_request
 from trident.batching.cache import request_key
+from trident.batching.ensemble import EnsembleRequest, EnsembleScheduler, Resolve
+from trident.batching.ensemble_plan import EnsemblePlan
 from trident.batching.instances import InstanceSpec, instance_specs
 from trident.batching.scheduler import Scheduler
 from trident.batching.warmup import WarmupSample, warm_up, warmup_samples
@@ -38,7 +44,7 @@ from trident.errors import Code, TritonError, internal, unavailable
 from trident.execution import BatchExecutor, Pending
 from trident.model_metrics import observer_for
 from trident.protocol.generated.inference import ModelConfig
-from trident.stats import BACKEND, CANCELED, REJECTED, StatsRecorder
+from trident.stats import BACKEND, CANCELED, OTHER, REJECTED, StatsRecorder
 from trident.types import InferenceRequest, InferenceResponse
 from trident.worker_threads import open_thread_nursery
 
@@ -49,20 +55,27 @@ READY_PROBE_TIMEOUT_SECS = 5.0  # Triton's timeout for a model's is_ready()
 
 
 class ModelVersion:
-    """One version of one model, loaded into its instances."""
+    """One version of one model: the front door of every model, ensembles included.
+
+    A regular model is loaded into its instances (``backend``) and queues requests for them;
+    an ensemble (``platform: "ensemble"``, no backend) runs each request's steps through its
+    :class:`~trident.batching.ensemble.EnsembleScheduler`. Both share the lifetime, the drain,
+    validation, the response cache, tracing and statistics below.
+    """
 
     def __init__(
         self,
         name: str,
         version: int,
         config: ModelConfig,
-        backend: Backend,
+        backend: Backend | None,
         model_dir: Path,
         *,
         backend_config: dict[str, str] | None = None,
         server: Any = None,
         rate_limiter: Any = None,
         cache: Any = None,
+        resolve: Resolve | None = None,
     ) -> None:
         self.name = name
         self.version = version
@@ -102,6 +115,14 @@ class ModelVersion:
         self.scheduler: Scheduler = make_scheduler(config, self.on_drop, rate_limiter=rate_limiter,
                                                    model_dir=model_dir)
         self.inputs, self.outputs = tensor_specs(config, model_dir)
+        #: an ensemble's scheduler (``platform: "ensemble"``; ``resolve`` finds the composing
+        #: models): it runs each request's steps, the version owns no instance and no queue
+        self.ensemble: EnsembleScheduler | None = None
+        if config.platform == cfg.ENSEMBLE_PLATFORM:
+            if resolve is None:
+                raise internal(f"ensemble '{name}' needs the repository to find its composing models")
+            self.ensemble = EnsembleScheduler(name, version, config, self.outputs, resolve=resolve)
+            self.cache = cache if enabled else None  # Triton caches an ensemble's top-level responses
 
     # ---- lifetime -------------------------------------------------------------------------
 
@@ -118,6 +139,15 @@ class ModelVersion:
             self.stopped.set()
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
+        if self.ensemble is not None:
+            self.ensemble.start()
+            self.state = "READY"
+            task_status.started()
+            await self._unload.wait()
+            self.state = "UNLOADING"
+            await self._idle.wait()
+            self.reason = "unloaded"
+            return
         if self.config.model_warmup:
             self._samples = await trio.to_thread.run_sync(warmup_samples, self.config, self.model_dir)
         self.instances = await self._start_instances(instance_specs(self.config), self.config)
@@ -139,6 +169,26 @@ class ModelVersion:
         if self.state in ("READY", "LOADING"):
             self.state = "UNLOADING"
         self._unload.set()
+
+    def composing(self) -> list[tuple[str, str]]:
+        """An ensemble's composing models, (name, version string) in step order; [] otherwise."""
+        return self.ensemble.composing() if self.ensemble is not None else []
+
+    def refresh(self) -> None:
+        """An ensemble: check its steps against the composing models now serving (after one was
+        reloaded). Raises TritonError(INVALID_ARG) when they no longer fit (the plan in use stays)."""
+        if self.ensemble is not None and self.ensemble.refresh():
+            self._decoupled_changed()
+
+    def use(self, plan: EnsemblePlan) -> None:
+        """An ensemble: run by ``plan`` (checked against the composing models)."""
+        if self.ensemble is not None and self.ensemble.use(plan):
+            self._decoupled_changed()
+
+    def _decoupled_changed(self) -> None:
+        assert self.ensemble is not None
+        self.decoupled = self.ensemble.decoupled
+        self.config_json = cfg.config_to_json(self.config)
 
     def _context(self, spec: InstanceSpec, config: ModelConfig) -> LoadContext:
         return LoadContext(
@@ -185,6 +235,8 @@ class ModelVersion:
         return instances
 
     async def _load_instance(self, index: int, ctx: LoadContext, loaded: dict[int, ModelInstance]) -> None:
+        if self.backend is None:
+            raise internal(f"model '{self.name}' has no backend to load instances with")
         try:
             instance = await trio.to_thread.run_sync(self.backend.load_instance, ctx)
         except TritonError:
@@ -242,11 +294,12 @@ class ModelVersion:
     # ---- front door -----------------------------------------------------------------------
 
     def queued(self) -> int:
-        """Requests waiting in the queue (not yet executing)."""
-        return self.scheduler.queued()
+        """Requests waiting in the queue (not yet executing; an ensemble's steps queue at their models)."""
+        return self.scheduler.queued() if self.ensemble is None else 0
 
     def is_ready(self) -> bool:
-        return self.state == "READY"
+        """READY (an ensemble: and so is every composing model)."""
+        return self.state == "READY" and (self.ensemble is None or self.ensemble.ready())
 
     async def probe_ready(self) -> bool:
         """READY and every instance's ``is_ready()`` (run in a thread, False after 5 s, as Triton).
@@ -255,6 +308,8 @@ class ModelVersion:
         """
         if self.state != "READY":
             return False
+        if self.ensemble is not None:
+            return self.ensemble.ready() and await self.ensemble.probe() and self.state == "READY"
         for instance in list(self.instances):
             with trio.move_on_after(READY_PROBE_TIMEOUT_SECS):
                 if await trio.to_thread.run_sync(instance.is_ready, abandon_on_cancel=True):
@@ -273,6 +328,9 @@ class ModelVersion:
         if self.state != "READY":
             raise unavailable(f"model '{self.name}' version {self.version} is not ready (state {self.state})")
         batch_size = self.validate(request)
+        if self.ensemble is not None:
+            await self._infer_ensemble(self.ensemble, request, send, batch_size)
+            return
         pending = Pending(request, batch_size, self.executor.finish)
         trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
         last: InferenceResponse | None = None
@@ -348,6 +406,61 @@ class ModelVersion:
             if self.inflight == 0:
                 self._idle.set()
 
+    async def _infer_ensemble(self, ensemble: EnsembleScheduler, request: InferenceRequest, send: SendResponse,
+                              batch: int) -> None:
+        """An ensemble's request: the cache, then its steps (see infer_stream)."""
+        run = ensemble.request(request, send, batch if self.max_batch_size > 0 else 0)
+        trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
+        run.trace = trace
+        self.inflight += 1
+        self._idle = trio.Event() if self.inflight == 1 else self._idle
+        try:
+            if self.cache is not None and not self.decoupled:
+                lookup_start = time.monotonic_ns()
+                key = request_key(self.name, self.version, request)
+                cached = self.cache.lookup(key)
+                lookup_ns = time.monotonic_ns() - lookup_start
+                if cached is not None:
+                    cached.model_name, cached.model_version, cached.id = self.name, str(self.version), request.id
+                    await send(cached)
+                    self.stats.record_cache_hit(time.monotonic_ns() - request.arrival_ns,
+                                                lookup_start - request.arrival_ns, lookup_ns)
+                    return
+                run.on_final = lambda response: self._cache_insert(key, response, lookup_ns)
+            await run.execute()
+        except TritonError:
+            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=OTHER)
+            raise
+        except BaseException as exc:  # cancelled (the steps' Cancelled come grouped by the nursery)
+            cancelled = _only_cancelled(exc)
+            if cancelled:
+                request.cancel()
+            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED if cancelled else OTHER)
+            raise
+        else:
+            self._record_ensemble(run, batch)
+        finally:
+            if trace is not None and self._tracer is not None:
+                self._tracer.record(trace, [("REQUEST_START", request.arrival_ns), ("QUEUE_START", run.started_ns),
+                                            ("REQUEST_END", time.monotonic_ns())], run.response)
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+
+    def _record_ensemble(self, run: EnsembleRequest, batch: int) -> None:
+        sums = run.sums
+        request = run.request
+        request_ns = time.monotonic_ns() - request.arrival_ns
+        queue_ns = run.started_ns - request.arrival_ns
+        self.stats.record_success(request_ns, queue_ns, sums.input_ns, sums.infer_ns, sums.output_ns)
+        self.stats.record_execution(max(1, batch), sums.input_ns, sums.infer_ns, sums.output_ns)
+        if request.stats_sink is not None:  # a nested ensemble reports to its parent
+            request.stats_sink.add(sums.input_ns, sums.infer_ns, sums.output_ns)
+        if self.latency is not None:
+            if run.first_response_ns is not None:
+                self.latency.first_response(run.first_response_ns - request.arrival_ns)
+            self.latency.request(request_ns, queue_ns, sums.input_ns, sums.infer_ns, sums.output_ns)
+
     async def _send_cached(self, pending: Pending, response: InferenceResponse, send: SendResponse,
                            lookup_start: int, lookup_ns: int) -> None:
         request = pending.request
@@ -397,6 +510,12 @@ def inline_mode(config: ModelConfig) -> str:
     param = config.parameters.get(INLINE_PARAMETER)
     mode = param.string_value.strip().lower() if param is not None else ""
     return mode if mode in INLINE_MODES else "auto"
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_cancelled(e) for e in exc.exceptions)
+    return isinstance(exc, trio.Cancelled)
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:

@@ -44,7 +44,6 @@ from trident.agents.convert import CACHE_DIR_NAME
 from trident.agents.lifecycle import AgentChain, open_chain
 from trident.backends import Backend, backend_name_for, get_backend
 from trident.batching.cache import ResponseCache, parse_cache_config
-from trident.batching.ensemble import EnsembleVersion
 from trident.batching.ensemble_plan import EnsemblePlan, build_plan, version_string
 from trident.batching.instances import counts_only_change
 from trident.batching.rate_limiter import RateLimiter
@@ -62,7 +61,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("trident.repository")
 
 #: what the repository serves: a model version, or an ensemble version that runs others
-Served: TypeAlias = ModelVersion | EnsembleVersion
 
 CLOUD_CACHE_ENV = "TRIDENT_CLOUD_CACHE_DIR"  # parent folder of the local copies of cloud models
 
@@ -93,7 +91,7 @@ class IndexEntry:
 class _Record:
     name: str
     path: Source | None
-    versions: dict[int, Served] = field(default_factory=dict)
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason; -1: the whole model
     unloaded: set[int] = field(default_factory=set)
     fingerprint: tuple[Any, ...] = ()
@@ -333,8 +331,7 @@ class ModelRepository:
                 continue
             try:
                 for mv in rec.versions.values():
-                    if isinstance(mv, EnsembleVersion):
-                        mv.refresh()
+                    mv.refresh()  # an ensemble checks its steps again (other models: nothing)
             except TritonError as e:
                 log.error("unloading ensemble '%s': it no longer fits '%s': %s", rec.name, name, e.message)
                 await self._unload_record(rec)
@@ -455,15 +452,15 @@ class ModelRepository:
             log.info("successfully applied the instance counts of '%s' version(s) %s without reloading",
                      name, sorted(versions))
             return
-        fresh: dict[int, Served] = {}
+        fresh: dict[int, ModelVersion] = {}
         failures: dict[int, str] = {}
 
         async def start_version(v: int) -> None:
-            mv: Served
+            mv: ModelVersion
             if backend is None:
                 assert plan is not None
-                mv = EnsembleVersion(name, v, copy.deepcopy(config), model_dir, resolve=self.get, server=self._server,
-                                     cache=self.response_cache)
+                mv = ModelVersion(name, v, copy.deepcopy(config), None, model_dir, server=self._server,
+                                  cache=self.response_cache, resolve=self.get)
                 mv.use(plan)
             else:
                 mv = ModelVersion(name, v, config, backend, model_dir, backend_config=self._backend_config(backend),
@@ -510,7 +507,7 @@ class ModelRepository:
         stale = rec.tmpdir if rec.tmpdir and rec.tmpdir != tmpdir else None
         self._nursery.start_soon(self._unload_versions, list(old.values()), stale, old_agents)
         rec.tmpdir = tmpdir
-        rec.composing = [dep for mv in fresh.values() if isinstance(mv, EnsembleVersion) for dep in mv.composing()]
+        rec.composing = [dep for mv in fresh.values() for dep in mv.composing()]
         log.info("successfully loaded '%s' version(s) %s in %.3f s", name, sorted(fresh), time.monotonic() - started)
         if log.isEnabledFor(VERBOSE):  # --log-verbose: the final (auto-completed) config, as Triton logs it
             for v in sorted(fresh):
@@ -587,7 +584,7 @@ class ModelRepository:
         another config field. Raises INVALID_ARG when an added instance fails to load.
         """
         serving = rec.versions
-        if any(isinstance(mv, EnsembleVersion) for mv in serving.values()):
+        if any(mv.ensemble is not None for mv in serving.values()):
             return False
         if not serving or set(serving) != set(versions) or not rec.fingerprint or rec.tmpdir is not None:
             return False
@@ -695,7 +692,7 @@ class ModelRepository:
         await self._unload_versions(old, tmp, agents)
         log.info("successfully unloaded '%s' in %.3f s", rec.name, time.monotonic() - started)
 
-    async def _unload_versions(self, versions: list[Served], tmpdir: Path | None,
+    async def _unload_versions(self, versions: list[ModelVersion], tmpdir: Path | None,
                                agents: AgentChain | None = None) -> None:
         """UNLOAD to the agents, drain and stop ``versions``, UNLOAD_COMPLETE, remove the
         copies and ``tmpdir`` (agents and file removal in worker threads)."""
@@ -754,7 +751,7 @@ class ModelRepository:
 
     # ---- lookups --------------------------------------------------------------------------
 
-    def get(self, name: str, version: str = "") -> Served:
+    def get(self, name: str, version: str = "") -> ModelVersion:
         """The serving version (highest READY one when ``version`` is "").
 
         Raises TritonError: NOT_FOUND for an unknown model or version and for a model with no
@@ -792,7 +789,7 @@ class ModelRepository:
     def names(self) -> list[str]:
         return sorted(self._records)
 
-    def serving(self) -> list[Served]:
+    def serving(self) -> list[ModelVersion]:
         return [mv for rec in self._records.values() for mv in rec.versions.values()]
 
     def all_ready(self) -> bool:

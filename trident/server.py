@@ -19,9 +19,10 @@ import trident
 from trident.errors import Code, TritonError, invalid_arg, unavailable, unsupported
 from trident.execution import abandon_running_calls
 from trident.logs import VERBOSE, LogSettings
+from trident.model import ModelVersion
 from trident.options import ServerOptions
 from trident.protocol.generated.inference import ModelConfig
-from trident.repository import IndexEntry, ModelRepository, Served
+from trident.repository import IndexEntry, ModelRepository
 from trident.shared_memory import SharedMemory
 from trident.stats import ModelStatistics
 from trident.trace import TraceSettings
@@ -100,7 +101,7 @@ class Server:
             return False
         return await mv.probe_ready()
 
-    def _get(self, name: str, version: str) -> Served:
+    def _get(self, name: str, version: str) -> ModelVersion:
         if not name:
             raise invalid_arg("model name is required")
         return self.repository.get(name, version)
