@@ -305,12 +305,15 @@ async def open_server(options: ServerOptions | None = None,
     """A running server without front ends (in-process use and the base of ``serve``).
 
     Loads the models the control mode asks for before yielding (with ``load=False`` the caller
-    does, with :meth:`Server.load_models`: ``serve`` listens first); on exit drains in-flight
-    requests (up to ``exit_timeout_secs``) and unloads every model.
+    does, with :meth:`Server.load_models`: ``serve`` listens first, and the server is not ready
+    until that load has run); on exit drains in-flight requests (up to ``exit_timeout_secs``)
+    and unloads every model.
     """
     options = options or ServerOptions()
     async with trio.open_nursery() as repository_nursery:
         server = Server(options, repository_nursery, log_settings)
+        # not ready before the start-up load: front ends that listen first answer not ready
+        server.loading = True
         if load:
             await server.load_models()
         try:

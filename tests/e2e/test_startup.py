@@ -215,3 +215,36 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
     assert "model 'slow_init' version 1 config: {" in log
     assert "infer request req-7 to model 'slow_init': OK" in log
     assert re.search(r"infer request req-8 to model 'slow_init' failed: INVALID_ARG", log)
+
+
+def test_ready_is_never_true_before_the_start_up_models_loaded() -> None:
+    """The front ends listen before the start-up load begins: from the first answer on, ready
+    stays false until every model of the index is READY (a probe in that gap used to get 200)."""
+    import re
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "trident", "serve", *ADDRESSES, "--http-port", "0",
+                             "--grpc-port", "0", "--metrics-port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        port = None
+        deadline = time.monotonic() + 30
+        while port is None and time.monotonic() < deadline:
+            m = re.search(r"Started HTTPService at [\d.]+:(\d+)", proc.stdout.readline())
+            port = int(m.group(1)) if m else None
+        assert port is not None
+        with httpx.Client(base_url=f"http://{LOOP}:{port}") as client:
+            answers = []
+            while time.monotonic() < deadline:
+                status = client.get("/v2/health/ready").status_code
+                answers.append(status)
+                if status == 200:
+                    break
+                time.sleep(0.002)
+            assert answers[-1] == 200, answers[-5:]
+            index = client.post("/v2/repository/index").json()
+            assert index and all(entry["state"] == "READY" for entry in index), index
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
