@@ -44,6 +44,16 @@ _PROTOCOLS = {"s3": ("s3", "s3fs", "s3"), "gs": ("gcs", "gcsfs", "gcs"), "as": (
 Fingerprint = tuple[tuple[str, int, str], ...]
 
 
+#: Triton's variables naming the folder that local copies go in, by URL scheme
+MOUNT_DIRECTORY_ENV = {"s3": "TRITON_AWS_MOUNT_DIRECTORY", "gs": "TRITON_GCS_MOUNT_DIRECTORY",
+                       "as": "TRITON_AZURE_MOUNT_DIRECTORY"}
+
+
+def mount_directory_env(url: str) -> str:
+    """The environment variable that names where ``url``'s local copies go (Triton's)."""
+    return MOUNT_DIRECTORY_ENV.get(url.partition("://")[0], "")
+
+
 def is_cloud_url(path: str) -> bool:
     """Whether a ``--model-repository`` value names object storage."""
     return path.startswith(SCHEMES)

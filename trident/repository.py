@@ -47,7 +47,7 @@ from trident.batching.cache import ResponseCache, parse_cache_config
 from trident.batching.ensemble_plan import EnsemblePlan, build_plan, version_string
 from trident.batching.instances import counts_only_change
 from trident.batching.rate_limiter import RateLimiter
-from trident.cloud_repository import CloudRepository, Fingerprint, is_cloud_url
+from trident.cloud_repository import CloudRepository, Fingerprint, is_cloud_url, mount_directory_env
 from trident.config_validation import ENSEMBLE_PLATFORM, confine_model_files, validate_config
 from trident.devices import gpu_count
 from trident.errors import Code, TritonError, internal, invalid_arg, not_found, unavailable, unsupported
@@ -62,7 +62,8 @@ log = logging.getLogger("trident.repository")
 
 #: what the repository serves: a model version, or an ensemble version that runs others
 
-CLOUD_CACHE_ENV = "TRIDENT_CLOUD_CACHE_DIR"  # parent folder of the local copies of cloud models
+#: parent folder of the local copies of cloud models (after Triton's TRITON_<STORE>_MOUNT_DIRECTORY)
+CLOUD_CACHE_ENV = "TRIDENT_CLOUD_CACHE_DIR"
 
 
 @dataclass(frozen=True)
@@ -161,19 +162,24 @@ class ModelRepository:
         self._ensemble_loads = trio.Lock()
         #: worker threads for repository agents, cloud listing and downloads, file removal
         self._io_limiter = trio.CapacityLimiter(max(2, options.model_load_thread_count))
-        cloud_urls = [u for u in options.model_repositories if is_cloud_url(u)]
-        self._cloud_cache: Path | None = None
+        #: each cloud repository's folder of local copies (removed when the server exits)
+        self._cloud_caches: list[Path] = []
         self._clouds: list[CloudRepository] = []
-        if cloud_urls:
-            parent = os.environ.get(CLOUD_CACHE_ENV) or None
-            if parent:
-                Path(parent).mkdir(parents=True, exist_ok=True)
-            self._cloud_cache = Path(tempfile.mkdtemp(prefix="trident-cloud-", dir=parent))
-            for url in cloud_urls:
-                try:
-                    self._clouds.append(CloudRepository(url, self._cloud_cache))
-                except TritonError as e:
-                    log.error("%s", e.message)
+        for url in (u for u in options.model_repositories if is_cloud_url(u)):
+            parent = os.environ.get(mount_directory_env(url)) or os.environ.get(CLOUD_CACHE_ENV) or None
+            try:
+                cloud = CloudRepository(url, Path("."))
+                if parent:
+                    Path(parent).mkdir(parents=True, exist_ok=True)
+                cloud.cache = Path(tempfile.mkdtemp(prefix="trident-cloud-", dir=parent))
+            except TritonError as e:
+                log.error("%s", e.message)
+                continue
+            except OSError as e:
+                log.error("model repository '%s': cannot make its local folder in '%s': %s", url, parent, e)
+                continue
+            self._cloud_caches.append(cloud.cache)
+            self._clouds.append(cloud)
         #: the last listing of each cloud repository (url -> model -> fingerprint)
         self._listing: dict[str, dict[str, Fingerprint]] = {}
         #: why the last listing of a cloud repository failed (url -> reason)
@@ -712,8 +718,8 @@ class ModelRepository:
         async with trio.open_nursery() as nursery:
             for rec in list(self._records.values()):
                 nursery.start_soon(self._unload_record, rec)
-        if self._cloud_cache is not None:
-            await trio.to_thread.run_sync(shutil.rmtree, self._cloud_cache, True, limiter=self._io_limiter)
+        for cache in self._cloud_caches:
+            await trio.to_thread.run_sync(shutil.rmtree, cache, True, limiter=self._io_limiter)
 
     # ---- polling --------------------------------------------------------------------------
 

@@ -161,7 +161,7 @@ def test_s3_explicit_load_unload_and_bad_input(s3, server_factory, tmp_path):
     port, client = s3
     cache = tmp_path / "cache"
     server = server_factory("--model-control-mode=explicit", repo=f"s3://127.0.0.1:{port}/models/repo",
-                            env={**AWS_ENV, "TRIDENT_CLOUD_CACHE_DIR": str(cache)})
+                            env={**AWS_ENV, "TRITON_AWS_MOUNT_DIRECTORY": str(cache)})  # Triton's variable
     base = f"http://{server.http_url}/v2/repository/models"
     assert httpx.post(f"{base}/py_a/load", json={}).status_code == 200
     assert _infer_identity(infer_grpc, server, "py_a") == [0.0, 1.0, 2.0]
@@ -177,6 +177,8 @@ def test_s3_explicit_load_unload_and_bad_input(s3, server_factory, tmp_path):
     assert r.status_code == 500 and "failed to poll from model repository" in r.json()["error"]
     r = httpx.post(f"{base}/..%2F..%2Fetc/load", json={})  # a name that would leave the bucket prefix
     assert r.status_code in (400, 404) and "etc" not in _index(server)
+    server.stop()
+    assert cache.is_dir() and not any(cache.iterdir())  # the server's folder in it is gone
 
 
 def test_s3_missing_bucket_gives_the_reason(s3, server_factory):
