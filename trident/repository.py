@@ -239,6 +239,10 @@ class ModelRepository:
             for cloud in self._clouds:
                 nursery.start_soon(one, cloud)
 
+    def listing_errors(self) -> dict[str, str]:
+        """Cloud repository URL -> why its last listing failed (empty when all were listed)."""
+        return dict(self._listing_errors)
+
     def _not_found_reason(self) -> str:
         """The cloud listing failures, for the load failure of a model not found."""
         return "".join(f": {reason}" for reason in self._listing_errors.values())

@@ -152,6 +152,9 @@ async def _load_models(server: Server) -> int:
             log.error("failed to load '%s': %s", e.name, e.reason)
         log.error("exiting: --exit-on-error is set and a model failed to load")
         return 1
+    if server.repository.listing_errors() and server.options.exit_on_error:  # reasons logged when listed
+        log.error("exiting: --exit-on-error is set and a model repository could not be read")
+        return 1
     return 0
 
 

@@ -188,6 +188,16 @@ def test_s3_missing_bucket_gives_the_reason(s3, server_factory):
     r = httpx.post(f"http://{server.http_url}/v2/repository/models/py_a/load", json={})
     assert r.status_code == 500 and "the bucket or path does not exist" in r.json()["error"]
     assert "no-such-bucket" in r.json()["error"]
+    assert httpx.get(f"http://{server.http_url}/v2/health/live").status_code == 200
+    # with --exit-on-error the server stops at start-up instead, with the reason
+    proc = subprocess.run([sys.executable, "-m", "trident", "serve", "--exit-on-error=true", "--http-port=0",
+                           "--grpc-port=0", "--metrics-port=0", "--http-address=127.0.0.1",
+                           "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
+                           f"--model-repository=s3://127.0.0.1:{port}/no-such-bucket/repo"],
+                          env={**os.environ, **AWS_ENV}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "the bucket or path does not exist" in proc.stdout + proc.stderr
+    assert "a model repository could not be read" in proc.stdout + proc.stderr
 
 
 def test_s3_bad_credentials_give_access_denied(server_factory, tmp_path):
