@@ -146,6 +146,11 @@ class _SequenceInstance:
             del request.inputs[kept[0]:]
             request.outputs = kept[1]
 
+    @property
+    def wrapped_instance(self) -> Any:
+        """The model instance: the executor runs the wrapper on that instance's thread."""
+        return self.inner
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 

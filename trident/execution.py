@@ -378,6 +378,13 @@ class ExecutedModel(Protocol):
     def on_drop(self, pending: Pending) -> None: ...
 
 
+def _instance_key(instance: Any) -> int:
+    """Threads and inline choices belong to a model instance: a scheduler's wrapper around one
+    (the sequence batcher's, which names it ``wrapped_instance``) shares its instance's, so the
+    thread warmup used runs the batches too and releasing the instance ends it."""
+    return id(getattr(instance, "wrapped_instance", instance))
+
+
 class BatchExecutor:
     """Executes batches of one model version on its instances."""
 
@@ -405,23 +412,26 @@ class BatchExecutor:
 
     def choice(self, instance: ModelInstance) -> InlineChoice:
         """Where ``instance``'s batches run (see InlineChoice)."""
-        choice = self._choices.get(id(instance))
+        key = _instance_key(instance)
+        choice = self._choices.get(key)
         if choice is None:
-            choice = self._choices[id(instance)] = InlineChoice(self.inline_mode)
+            choice = self._choices[key] = InlineChoice(self.inline_mode)
         return choice
 
     def thread(self, instance: ModelInstance) -> InstanceThread:
         """The instance's thread (batches and warmup of an instance never overlap)."""
-        thread = self._threads.get(id(instance))
+        key = _instance_key(instance)
+        thread = self._threads.get(key)
         if thread is None:
-            thread = self._threads[id(instance)] = InstanceThread(f"trident-{self.model.name}-{len(self._threads)}",
-                                                                  self.model.threads)
+            thread = self._threads[key] = InstanceThread(f"trident-{self.model.name}-{len(self._threads)}",
+                                                         self.model.threads)
         return thread
 
     def release(self, instance: ModelInstance) -> None:
         """The instance is going away: end its thread."""
-        self._choices.pop(id(instance), None)
-        thread = self._threads.pop(id(instance), None)
+        key = _instance_key(instance)
+        self._choices.pop(key, None)
+        thread = self._threads.pop(key, None)
         if thread is not None:
             thread.close()
 

@@ -199,3 +199,26 @@ def test_bad_input_errors_on_the_stream_and_the_stream_goes_on(server, clip: Cli
         assert len(stream.results) == 1 and 0.0 <= stream.results[0].prob <= 1.0
     finally:
         stream.close()
+
+
+def test_a_sequence_model_that_served_unloads_and_the_server_exits(tmp_path: Path) -> None:
+    """Regression: the sequence batcher runs batches through a wrapper of each instance, and the
+    executor gave the wrapper an instance thread of its own that unloading never ended: the unload
+    call of a sequence model that had served a request never returned, and the server's exit
+    waited its whole exit timeout (30 s) for that thread."""
+    write_vad_model(tmp_path, "silero_vad", max_batch=2)
+    s = start_server("--model-control-mode=explicit", "--load-model=silero_vad", "--exit-timeout-secs=120",
+                     repo=tmp_path)
+    try:
+        with grpcclient.InferenceServerClient(s.grpc_url) as c:
+            audio = grpcclient.InferInput("AUDIO", [1, CHUNK], "FP32")
+            audio.set_data_from_numpy(np.zeros((1, CHUNK), np.float32))
+            c.infer("silero_vad", [audio], sequence_id=7, sequence_start=True, sequence_end=True)
+            c.unload_model("silero_vad", client_timeout=30)  # returns once the model has unloaded
+            assert [(m.name, m.state) for m in c.get_model_repository_index().models] == [("silero_vad", "UNAVAILABLE")]
+            c.load_model("silero_vad", client_timeout=60)  # and loads again
+            c.infer("silero_vad", [audio], sequence_id=7, sequence_start=True, sequence_end=True)
+    finally:
+        rc = s.stop(timeout=60)
+    assert rc == 0
+    assert "exit timeout" not in s.log()
