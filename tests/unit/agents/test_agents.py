@@ -29,6 +29,14 @@ from trident.protocol.generated.inference import (
 KEY = bytes(range(32))
 
 
+@pytest.fixture(autouse=True)
+def _temporary_copies_in_tmp_path(tmp_path, monkeypatch):
+    """Agents called directly (without a chain to remove their copies) write under tmp_path."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
 def _model(tmp_path: Path, **params: str) -> AgentModel:
     folder = tmp_path / "m"
     (folder / "1").mkdir(parents=True, exist_ok=True)
