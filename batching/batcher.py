@@ -178,7 +178,7 @@ class DynamicScheduler(Scheduler):
 
     # ---- instances ------------------------------------------------------------------------
 
-    async def run(self, instances: Sequence[Any], execute: ExecuteBatch) -> None:
+    async def serve(self, instances: Sequence[Any], execute: ExecuteBatch) -> None:
         """Batch and execute until cancelled (by the model version's nursery)."""
         self._execute = execute
         async with trio.open_nursery() as nursery:
@@ -188,7 +188,7 @@ class DynamicScheduler(Scheduler):
             for worker in self._pending_starts:
                 nursery.start_soon(self._work, worker)
             self._pending_starts.clear()
-            await self._batch_forever()
+            await self._serve_batches()
 
     def add_instance(self, instance: Any) -> None:
         """Start serving batches on ``instance``."""
@@ -247,7 +247,7 @@ class DynamicScheduler(Scheduler):
 
     # ---- batching -------------------------------------------------------------------------
 
-    async def _batch_forever(self) -> None:
+    async def _serve_batches(self) -> None:
         while True:
             self._wakeup = trio.Event()
             wake_at = self.step(trio.current_time())

@@ -1,7 +1,7 @@
 """The scheduler seam between a model version's front door and its instances.
 
 A scheduler receives queued requests (:meth:`Scheduler.enqueue`, never blocking) and runs
-inside the model version's nursery (:meth:`Scheduler.run`), handing batches to
+inside the model version's nursery (:meth:`Scheduler.serve`), handing batches to
 ``execute(instance, batch)`` — one worker task per instance, at most one batch per instance
 at a time. The schedulers behind it: :class:`~trident.batching.batcher.DynamicScheduler`
 (Triton's default and dynamic batchers) and :class:`~trident.batching.sequence.SequenceScheduler`.
@@ -47,7 +47,7 @@ class Scheduler(abc.ABC):
         """Requests waiting, not yet executing."""
 
     @abc.abstractmethod
-    async def run(self, instances: Sequence[Any], execute: ExecuteBatch) -> None:
+    async def serve(self, instances: Sequence[Any], execute: ExecuteBatch) -> None:
         """Feed batches to ``execute`` until cancelled (by the model version's nursery)."""
 
     #: whether :meth:`add_instance` / :meth:`remove_instance` work while running

@@ -218,7 +218,7 @@ class SequenceScheduler(Scheduler):
 
     # ---- tasks -----------------------------------------------------------------------------
 
-    async def run(self, instances: Seq[Any], execute: ExecuteBatch) -> None:
+    async def serve(self, instances: Seq[Any], execute: ExecuteBatch) -> None:
         """Serve batches on ``instances`` and reap idle sequences until cancelled."""
         self.rows = [[None] * self.rules.slots for _ in instances]
         self._locks = [trio.Lock() for _ in instances]

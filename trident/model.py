@@ -1,7 +1,7 @@
 """A loaded model version (every model, ensembles included): its nursery, instances, queue,
 request validation, response cache, tracing and statistics.
 
-Lifetime (:meth:`ModelVersion.run`, started with ``nursery.start`` in the repository's
+Lifetime (:meth:`ModelVersion.serve`, started with ``nursery.start`` in the repository's
 nursery): load every instance in its own worker thread, register them with the rate limiter,
 run the ``model_warmup`` samples on each, start the scheduler (one worker task per instance),
 report READY, wait for unload, drain in-flight requests, cancel the workers, finalize the
@@ -126,7 +126,7 @@ class ModelVersion:
 
     # ---- lifetime -------------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Load, serve until :meth:`request_unload`, drain, finalize.
 
         Raises TritonError (before ``task_status.started``) when an instance fails to load.
@@ -152,7 +152,7 @@ class ModelVersion:
             self._samples = await trio.to_thread.run_sync(warmup_samples, self.config, self.model_dir)
         self.instances = await self._start_instances(instance_specs(self.config), self.config)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.scheduler.run, list(self.instances), self.executor)
+            nursery.start_soon(self.scheduler.serve, list(self.instances), self.executor)
             self.state = "READY"
             task_status.started()
             await self._unload.wait()
@@ -165,7 +165,7 @@ class ModelVersion:
         self.reason = "unloaded"
 
     def request_unload(self) -> None:
-        """Stop accepting requests; :meth:`run` drains, finalizes and returns."""
+        """Stop accepting requests; :meth:`serve` drains, finalizes and returns."""
         if self.state in ("READY", "LOADING"):
             self.state = "UNLOADING"
         self._unload.set()

@@ -477,7 +477,7 @@ class ModelRepository:
                                   server=self._server, rate_limiter=self.rate_limiter, cache=self.response_cache)
             load_started = time.monotonic()
             try:
-                await self._nursery.start(mv.run)
+                await self._nursery.start(mv.serve)
                 mv.load_duration_s = time.monotonic() - load_started
             except TritonError as e:
                 failures[v] = e.message
@@ -727,7 +727,7 @@ class ModelRepository:
 
     # ---- polling --------------------------------------------------------------------------
 
-    async def poll_forever(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve_polling(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Rescan every ``repository_poll_secs``: load new and changed models, unload removed ones."""
         task_status.started()
         while True:

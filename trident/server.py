@@ -255,7 +255,7 @@ class Server:
         try:
             await self.repository.startup()
             if self.options.model_control_mode == "poll":
-                await self._repository_nursery.start(self.repository.poll_forever)
+                await self._repository_nursery.start(self.repository.serve_polling)
         finally:
             self.loading = False
 

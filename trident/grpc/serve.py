@@ -172,7 +172,7 @@ async def serve_methods(
         if draining:
             conn.start_drain()
         try:
-            await conn.run()
+            await conn.serve()
         except Exception:
             log.exception("gRPC connection failed")  # one connection's failure never stops the server
         finally:

@@ -374,11 +374,11 @@ _TRAILERS_ONLY_OK = (*_RESPONSE_HEADERS, *_TRAILERS_OK)
 
 
 class Connection:
-    """One HTTP/2 connection. :meth:`run` serves it until the peer leaves or a drain completes.
+    """One HTTP/2 connection. :meth:`serve` serves it until the peer leaves or a drain completes.
 
     ``budget`` is shared by the connections of one server (a private one when None);
     ``handshake_deadline`` (trio time) is when the client's preface and first SETTINGS must
-    have arrived (default: ``config.handshake_timeout`` after :meth:`run` starts).
+    have arrived (default: ``config.handshake_timeout`` after :meth:`serve` starts).
     """
 
     def __init__(self, stream: trio.abc.Stream, methods: dict[str, Method], config: TransportConfig,
@@ -420,7 +420,7 @@ class Connection:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def serve(self) -> None:
         """Serve until the peer disconnects, a protocol error, abuse, a timeout, or a requested
         drain finishes. Cancelling it cancels every call on the connection.
         """

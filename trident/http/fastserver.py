@@ -157,7 +157,7 @@ class _Connection:
         except OSError:
             self.client = self.sockname = None
 
-    async def run(self) -> None:
+    async def serve(self) -> None:
         """Serve the connection's requests until it closes; the slot it holds is released at the end."""
         state = self.state
         try:
@@ -717,7 +717,7 @@ async def _accept_loop(listener: TcpListener, state: _State, nursery: trio.Nurse
     def start(stream: trio.SocketStream) -> None:
         conn = _Connection(state, stream)
         state.connections.add(conn)
-        nursery.start_soon(conn.run, name="trident.http.connection")
+        nursery.start_soon(conn.serve, name="trident.http.connection")
 
     def at_limit() -> None:
         log.warning("%d HTTP connections are open (--http-max-connections): accepting pauses until one "

@@ -66,7 +66,7 @@ class Harness:
         return [tags for _, tags, _ in self.executed]
 
     def start(self, nursery, instances=("i0",)):
-        nursery.start_soon(self.scheduler.run, list(instances), self.execute)
+        nursery.start_soon(self.scheduler.serve, list(instances), self.execute)
 
 
 GREEDY = BatchRules(True, 4, (4,), 0.0)

@@ -184,7 +184,7 @@ async def test_interleaved_sequences_keep_their_state_and_share_batches(autojump
             results[sid].append(int(r.outputs[0].data.reshape(-1)[0]))
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(h.scheduler.run, h.instances, h.execute)
+        nursery.start_soon(h.scheduler.serve, h.instances, h.execute)
         async with trio.open_nursery() as clients:
             clients.start_soon(run_sequence, 1, [1, 2, 3])
             clients.start_soon(run_sequence, 2, [10, 20, 30])
@@ -203,7 +203,7 @@ async def test_interleaved_sequences_keep_their_state_and_share_batches(autojump
 async def test_missing_start_and_missing_id_are_invalid(autojump_clock: trio.testing.MockClock) -> None:
     h = Harness()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(h.scheduler.run, h.instances, h.execute)
+        nursery.start_soon(h.scheduler.serve, h.instances, h.execute)
         with pytest.raises(TritonError) as e:
             await h.infer(7, 1)
         assert e.value.code == Code.INVALID_ARG
@@ -221,7 +221,7 @@ async def test_missing_start_and_missing_id_are_invalid(autojump_clock: trio.tes
 async def test_idle_timeout_frees_the_slot_and_tells_the_instance(autojump_clock: trio.testing.MockClock) -> None:
     h = Harness()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(h.scheduler.run, h.instances, h.execute)
+        nursery.start_soon(h.scheduler.serve, h.instances, h.execute)
         assert int((await h.infer(5, 4, start=True)).outputs[0].data[0, 0]) == 4
         await trio.sleep(1.0)
         assert int((await h.infer(5, 1)).outputs[0].data[0, 0]) == 5  # still alive after 1 s (timeout 2 s)
@@ -245,7 +245,7 @@ async def test_sequences_beyond_the_slots_wait_for_a_free_slot(autojump_clock: t
         order.append(sid)
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(h.scheduler.run, h.instances, h.execute)
+        nursery.start_soon(h.scheduler.serve, h.instances, h.execute)
         async with trio.open_nursery() as clients:
             for sid in (1, 2, 3):
                 clients.start_soon(one, sid)
@@ -260,7 +260,7 @@ async def test_cancelling_a_request_cancels_the_sequences_queued_requests(
         autojump_clock: trio.testing.MockClock) -> None:
     h = Harness(cost=1.0)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(h.scheduler.run, h.instances, h.execute)
+        nursery.start_soon(h.scheduler.serve, h.instances, h.execute)
         await h.infer(3, 1, start=True)
         blocker = Pending(InferenceRequest("acc", [Tensor("X", "INT32", (1, 1), np.ones((1, 1), np.int32))],
                                            parameters={"sequence_id": 3}), 1, finish)
@@ -291,7 +291,7 @@ async def test_oldest_strategy_batches_one_request_per_sequence(autojump_clock: 
         sums[sid] = int(r.outputs[0].data[0, 0])
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(h.scheduler.run, h.instances, h.execute)
+        nursery.start_soon(h.scheduler.serve, h.instances, h.execute)
         async with trio.open_nursery() as clients:
             for sid in (1, 2, 3):
                 clients.start_soon(run_sequence, sid)
@@ -306,7 +306,7 @@ async def test_oldest_strategy_batches_one_request_per_sequence(autojump_clock: 
 async def test_an_id_that_does_not_fit_corrid_fails_only_its_request(autojump_clock: trio.testing.MockClock) -> None:
     h = Harness(CONFIG.replace("data_type: TYPE_UINT64", "data_type: TYPE_INT64"))
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(h.scheduler.run, h.instances, h.execute)
+        nursery.start_soon(h.scheduler.serve, h.instances, h.execute)
         with pytest.raises(TritonError) as e:
             await h.infer(2**63, 1, start=True)
         assert e.value.code == Code.INVALID_ARG and str(2**63) in e.value.message

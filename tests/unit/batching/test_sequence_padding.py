@@ -144,7 +144,7 @@ async def test_sequences_keep_their_batch_index_and_idle_slots_below_are_null(
     h = Harness()
     sums: list[int] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(h.scheduler.run, [h.instance], h.execute)
+        nursery.start_soon(h.scheduler.serve, [h.instance], h.execute)
         sums.append(await h.infer(1, 1, start=True))  # slot 0
         sums.append(await h.infer(2, 10, start=True))  # slot 1
         sums.append(await h.infer(3, 100, start=True))  # slot 2
@@ -182,7 +182,7 @@ async def test_oldest_batches_are_never_padded(autojump_clock: trio.testing.Mock
                             "oldest { max_candidate_sequences: 4 }")
     h.scheduler = SequenceScheduler(parse_pbtxt(config), lambda _: None)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(h.scheduler.run, [h.instance], h.execute)
+        nursery.start_soon(h.scheduler.serve, [h.instance], h.execute)
         assert await h.infer(1, 1, start=True) == 1
         assert await h.infer(2, 2, start=True) == 2  # the second candidate, alone in its batch
         assert await h.infer(2, 2, end=True) == 4
