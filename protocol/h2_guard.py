@@ -57,7 +57,7 @@ class GuardLimits:
     reset_burst: int = 1000  # client RST_STREAMs (and refused streams) in a burst
     reset_rate: float = 200.0  # ... refilled per second; +1 per call that completed normally
     control_burst: int = 1000  # SETTINGS, PING, WINDOW_UPDATE, PRIORITY, unknown, empty DATA/CONTINUATION
-    control_rate: float = 100.0  # ... refilled per second; +2 per DATA frame the server sends
+    control_rate: float = 100.0  # ... refilled per second; +4 per DATA frame the server sends
     max_header_block: int = 256 * 1024  # bytes of one HEADERS + CONTINUATION block, compressed
     slice_frames: int = 64  # frames handed to the HTTP/2 engine between two checkpoints
 
@@ -128,8 +128,11 @@ class FrameGuard:
         self.resets.credit(1)
 
     def data_sent(self, frames: int) -> None:
-        """The server sent ``frames`` DATA frames: the client may answer each with WINDOW_UPDATEs."""
-        self.control.credit(2 * frames)
+        """The server sent ``frames`` DATA frames: the client may answer each with up to four
+        control frames. gRPC clients answer with a WINDOW_UPDATE for the stream and one for the
+        connection, and C-core's bandwidth probe adds a PING (policed by :class:`PingPolicy`)
+        as data arrives: with many streams on one connection, 2 per frame ran dry under load."""
+        self.control.credit(4 * frames)
 
     def stream_refused(self, now: float) -> bool:
         """The transport refused a stream (over the concurrency limit): charged like a reset.

@@ -121,10 +121,14 @@ def test_frames_that_make_progress_cost_nothing():
 def test_data_sent_credits_window_updates():
     guard = started()
     update = frame(WINDOW_UPDATE, 0, 0, b"\x00\x01\x00\x00")
-    for _ in range(100):
-        guard.feed(update * 2, 0.0)
+    ping = frame(PING, 0, 0, b"\x00" * 8)
+    for _ in range(2000):  # past the burst: each server DATA frame pays for the client's answers
+        guard.feed(update * 2 + ping, 0.0)
         guard.data_sent(1)
     assert guard.abuse is None
+    for _ in range(1000):  # without the server's DATA the same frames are a flood
+        guard.feed(update * 2 + ping, 0.0)
+    assert guard.abuse == "too_many_control_frames"
 
 
 def test_header_block_is_bounded_across_continuations():
