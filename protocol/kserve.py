@@ -31,7 +31,19 @@ import numpy as np
 from trident.errors import Code, TritonError, internal, invalid_arg, unsupported
 from trident.protocol import datatypes, json_slices
 from trident.protocol.compression import Inflater, choose_encoding, compress, decode_base64, decompress
-from trident.types import InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
+from trident.types import (
+    Duration,
+    IndexEntry,
+    InferenceRequest,
+    InferenceResponse,
+    ModelMetadata,
+    ModelStatistics,
+    ParamValue,
+    RequestedOutput,
+    ServerMetadata,
+    Tensor,
+    TensorMetadata,
+)
 
 try:
     import orjson
@@ -840,3 +852,70 @@ def _json_data(datatype: str, data: np.ndarray) -> Any:
     if flat.dtype.kind == "f" and not np.isfinite(flat).all():  # pragma: no cover - fallback only
         return [v if np.isfinite(v) else None for v in flat.tolist()]
     return flat.tolist()  # pragma: no cover - fallback only
+
+
+# ---- typed snapshots of the server's state as JSON (the HTTP API's shapes) -------------------
+
+
+def server_metadata_json(meta: ServerMetadata) -> dict[str, Any]:
+    """``GET /v2``."""
+    return {"name": meta.name, "version": meta.version, "extensions": list(meta.extensions)}
+
+
+def model_metadata_json(meta: ModelMetadata) -> dict[str, Any]:
+    """``GET /v2/models/<m>[/versions/<v>]``."""
+    def tensors(items: Sequence[TensorMetadata]) -> list[dict[str, Any]]:
+        return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in items]
+
+    return {"name": meta.name, "versions": list(meta.versions), "platform": meta.platform,
+            "inputs": tensors(meta.inputs), "outputs": tensors(meta.outputs)}
+
+
+def _duration_json(d: Duration) -> dict[str, int]:
+    return {"count": d.count, "ns": d.ns}
+
+
+def statistics_entry_json(s: ModelStatistics) -> dict[str, Any]:
+    """One entry of ``model_stats`` (Triton's statistics extension)."""
+    return {
+        "name": s.name,
+        "version": s.version,
+        "last_inference": s.last_inference,
+        "inference_count": s.inference_count,
+        "execution_count": s.execution_count,
+        "inference_stats": {
+            "success": _duration_json(s.success),
+            "fail": _duration_json(s.fail),
+            "queue": _duration_json(s.queue),
+            "compute_input": _duration_json(s.compute_input),
+            "compute_infer": _duration_json(s.compute_infer),
+            "compute_output": _duration_json(s.compute_output),
+            "cache_hit": _duration_json(s.cache_hit),
+            "cache_miss": _duration_json(s.cache_miss),
+        },
+        "response_stats": {},
+        "batch_stats": [{"batch_size": b.batch_size, "compute_input": _duration_json(b.compute_input),
+                         "compute_infer": _duration_json(b.compute_infer),
+                         "compute_output": _duration_json(b.compute_output)} for b in s.batch_stats],
+        "memory_usage": [],
+    }
+
+
+def statistics_json(entries: Sequence[ModelStatistics]) -> dict[str, Any]:
+    """``GET /v2/models[/<m>[/versions/<v>]]/stats``."""
+    return {"model_stats": [statistics_entry_json(s) for s in entries]}
+
+
+def repository_index_json(entries: Sequence[IndexEntry]) -> list[dict[str, str]]:
+    """``POST /v2/repository/index``: empty fields are left out, as Triton does."""
+    out = []
+    for entry in entries:
+        row = {"name": entry.name}
+        if entry.version:
+            row["version"] = entry.version
+        if entry.state:
+            row["state"] = entry.state
+        if entry.reason:
+            row["reason"] = entry.reason
+        out.append(row)
+    return out

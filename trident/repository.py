@@ -54,6 +54,7 @@ from trident.errors import Code, TritonError, internal, invalid_arg, not_found, 
 from trident.logs import VERBOSE
 from trident.model import ModelVersion
 from trident.protocol.generated.inference import ModelConfig
+from trident.types import IndexEntry
 
 if TYPE_CHECKING:
     from trident.options import ServerOptions
@@ -77,15 +78,6 @@ class RemoteModel:
 
 #: where a model's files are: a local folder, or a folder in object storage
 Source: TypeAlias = Path | RemoteModel
-
-@dataclass
-class IndexEntry:
-    """One row of the repository index (Triton's RepositoryIndex)."""
-
-    name: str
-    version: str = ""
-    state: str = ""
-    reason: str = ""
 
 
 @dataclass

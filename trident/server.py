@@ -22,12 +22,19 @@ from trident.logs import VERBOSE, LogSettings
 from trident.model import ModelVersion
 from trident.options import ServerOptions
 from trident.protocol.generated.inference import ModelConfig
-from trident.repository import IndexEntry, ModelRepository
+from trident.repository import ModelRepository
 from trident.shared_memory import SharedMemory
 from trident.stats import ModelStatistics
 from trident.trace import TraceSettings
 from trident.tracing import Tracer, parse_trace_config
-from trident.types import InferenceRequest, InferenceResponse
+from trident.types import (
+    IndexEntry,
+    InferenceRequest,
+    InferenceResponse,
+    ModelMetadata,
+    ServerMetadata,
+    TensorMetadata,
+)
 
 log = logging.getLogger("trident.server")
 
@@ -82,8 +89,8 @@ class Server:
             return False
         return self.repository.all_ready() if self.options.strict_readiness else True
 
-    def metadata(self) -> dict[str, Any]:
-        return {"name": self.options.server_id, "version": trident.__version__, "extensions": list(EXTENSIONS)}
+    def metadata(self) -> ServerMetadata:
+        return ServerMetadata(self.options.server_id, trident.__version__, tuple(EXTENSIONS))
 
     def model_ready(self, name: str, version: str = "") -> bool:
         """The version's state is READY (no model code runs; see :meth:`probe_model_ready`)."""
@@ -106,18 +113,18 @@ class Server:
             raise invalid_arg("model name is required")
         return self.repository.get(name, version)
 
-    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         """KServe model metadata. Raises TritonError NOT_FOUND / UNAVAILABLE."""
         mv = self._get(name, version)
         versions = sorted(v.version for v in self.repository.serving() if v.name == name and v.state == "READY")
-        batch = [-1] if mv.max_batch_size > 0 else []
-        return {
-            "name": name,
-            "versions": [str(v) for v in versions] if not version else [str(mv.version)],
-            "platform": mv.platform,
-            "inputs": [{"name": s.name, "datatype": s.datatype, "shape": batch + s.dims} for s in mv.inputs.values()],
-            "outputs": [{"name": s.name, "datatype": s.datatype, "shape": batch + s.dims} for s in mv.outputs.values()],
-        }
+        batch = (-1,) if mv.max_batch_size > 0 else ()
+        return ModelMetadata(
+            name,
+            tuple(str(v) for v in versions) if not version else (str(mv.version),),
+            mv.platform,
+            tuple(TensorMetadata(s.name, s.datatype, batch + tuple(s.dims)) for s in mv.inputs.values()),
+            tuple(TensorMetadata(s.name, s.datatype, batch + tuple(s.dims)) for s in mv.outputs.values()),
+        )
 
     def model_input_info(self, name: str, version: str = "") -> list[tuple[str, str, list[int]]]:
         """(name, datatype, full shape) of each input, for the raw binary request body."""

@@ -1,7 +1,8 @@
 """Per-model-version statistics: a recorder the scheduler updates, frozen snapshots for readers.
 
-:meth:`StatsRecorder.snapshot` returns a :class:`ModelStatistics` that feeds both the statistics
-extension (HTTP JSON via :meth:`ModelStatistics.to_json`, gRPC via the front end) and metrics.
+:meth:`StatsRecorder.snapshot` returns a :class:`~trident.types.ModelStatistics` (a typed
+snapshot) that feeds the statistics extension (encoded for JSON and protobuf by
+``trident.protocol``) and metrics.
 
 Triton's accounting (core ``infer_stats.cc``): ``success`` / ``queue`` count every successful
 request, cache hits included; ``compute_*`` only executed ones (a request gets its batch's
@@ -17,86 +18,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from trident.types import BatchStats, Duration, ModelStatistics
+
+__all__ = ["BACKEND", "CANCELED", "FAILURE_REASONS", "OTHER", "REJECTED", "BatchStats", "Duration",
+           "ModelStatistics", "StatsRecorder"]
+
 REJECTED = "REJECTED"
 CANCELED = "CANCELED"
 BACKEND = "BACKEND"
 OTHER = "OTHER"
 FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
-
-
-@dataclass(frozen=True, slots=True)
-class Duration:
-    count: int = 0
-    ns: int = 0
-
-    def to_json(self) -> dict[str, int]:
-        return {"count": self.count, "ns": self.ns}
-
-
-@dataclass(frozen=True, slots=True)
-class BatchStats:
-    batch_size: int
-    compute_input: Duration
-    compute_infer: Duration
-    compute_output: Duration
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "batch_size": self.batch_size,
-            "compute_input": self.compute_input.to_json(),
-            "compute_infer": self.compute_infer.to_json(),
-            "compute_output": self.compute_output.to_json(),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ModelStatistics:
-    """Triton's ModelStatistics for one model version (last_inference in ms since the epoch)."""
-
-    name: str
-    version: str
-    last_inference: int = 0
-    inference_count: int = 0
-    execution_count: int = 0
-    success: Duration = Duration()
-    fail: Duration = Duration()
-    queue: Duration = Duration()
-    compute_input: Duration = Duration()
-    compute_infer: Duration = Duration()
-    compute_output: Duration = Duration()
-    cache_hit: Duration = Duration()
-    cache_miss: Duration = Duration()
-    batch_stats: tuple[BatchStats, ...] = ()
-    cancelled: int = 0
-    #: (reason, failed requests) for each of FAILURE_REASONS, in that order
-    failures: tuple[tuple[str, int], ...] = ()
-
-    def failure_count(self, reason: str) -> int:
-        """Failed requests with ``reason`` (one of FAILURE_REASONS)."""
-        return dict(self.failures).get(reason, 0)
-
-    def to_json(self) -> dict[str, object]:
-        """Triton's HTTP statistics-extension shape for one entry of ``model_stats``."""
-        return {
-            "name": self.name,
-            "version": self.version,
-            "last_inference": self.last_inference,
-            "inference_count": self.inference_count,
-            "execution_count": self.execution_count,
-            "inference_stats": {
-                "success": self.success.to_json(),
-                "fail": self.fail.to_json(),
-                "queue": self.queue.to_json(),
-                "compute_input": self.compute_input.to_json(),
-                "compute_infer": self.compute_infer.to_json(),
-                "compute_output": self.compute_output.to_json(),
-                "cache_hit": self.cache_hit.to_json(),
-                "cache_miss": self.cache_miss.to_json(),
-            },
-            "response_stats": {},
-            "batch_stats": [b.to_json() for b in self.batch_stats],
-            "memory_usage": [],
-        }
 
 
 @dataclass

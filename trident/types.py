@@ -162,3 +162,86 @@ class TensorSpec:
         self.dims = dims  # without the batch dimension
         self.optional = optional
         self.labels: list[str] | None = None
+
+
+# ---- typed snapshots of the server's state (trident.protocol encodes them for each wire) ----
+
+
+@dataclass(frozen=True, slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    batch_size: int
+    compute_input: Duration
+    compute_infer: Duration
+    compute_output: Duration
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatistics:
+    """Triton's ModelStatistics for one model version (last_inference in ms since the epoch)."""
+
+    name: str
+    version: str
+    last_inference: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    success: Duration = Duration()
+    fail: Duration = Duration()
+    queue: Duration = Duration()
+    compute_input: Duration = Duration()
+    compute_infer: Duration = Duration()
+    compute_output: Duration = Duration()
+    cache_hit: Duration = Duration()
+    cache_miss: Duration = Duration()
+    batch_stats: tuple[BatchStats, ...] = ()
+    cancelled: int = 0
+    #: (reason, failed requests) for each of FAILURE_REASONS, in that order
+    failures: tuple[tuple[str, int], ...] = ()
+
+    def failure_count(self, reason: str) -> int:
+        """Failed requests with ``reason`` (one of FAILURE_REASONS)."""
+        return dict(self.failures).get(reason, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMetadata:
+    """One input or output of a model's metadata (``shape`` with -1 for a batch dimension)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    """A model's KServe metadata: the versions asked about, its platform and tensors."""
+
+    name: str
+    versions: tuple[str, ...]
+    platform: str
+    inputs: tuple[TensorMetadata, ...]
+    outputs: tuple[TensorMetadata, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetadata:
+    """The server's KServe metadata."""
+
+    name: str
+    version: str
+    extensions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One row of the repository index (Triton's RepositoryIndex)."""
+
+    name: str
+    version: str = ""
+    state: str = ""
+    reason: str = ""

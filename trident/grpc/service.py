@@ -20,11 +20,10 @@ import trio
 from trident.errors import TritonError, invalid_arg, unavailable
 from trident.execution import FLAG_ONLY
 from trident.grpc.transport import Call, GrpcError, Method
-from trident.protocol import grpc_codec
+from trident.protocol import grpc_codec, grpc_messages
 from trident.protocol.generated import inference as pb
 from trident.protocol.generated.grpc.health import v1 as health
 from trident.restricted import GRPC_MESSAGE, Restriction, grpc_restrictions
-from trident.stats import Duration, ModelStatistics
 from trident.types import InferenceRequest, InferenceResponse, ParamValue
 
 if TYPE_CHECKING:
@@ -56,34 +55,6 @@ async def _parse(call: Call, cls: type[Any], data: bytearray) -> Any:
     if len(data) < call.conn.config.offload_size:
         return _parse_now(cls, data)
     return await call.run_sync(_parse_now, cls, data)
-
-
-def _duration(d: Duration) -> pb.StatisticDuration:
-    return pb.StatisticDuration(count=d.count, ns=d.ns)
-
-
-def statistics_message(s: ModelStatistics) -> pb.ModelStatistics:
-    """trident.stats.ModelStatistics -> inference.ModelStatistics."""
-    return pb.ModelStatistics(
-        name=s.name,
-        version=s.version,
-        last_inference=s.last_inference,
-        inference_count=s.inference_count,
-        execution_count=s.execution_count,
-        inference_stats=pb.InferStatistics(
-            success=_duration(s.success), fail=_duration(s.fail), queue=_duration(s.queue),
-            compute_input=_duration(s.compute_input), compute_infer=_duration(s.compute_infer),
-            compute_output=_duration(s.compute_output), cache_hit=_duration(s.cache_hit),
-            cache_miss=_duration(s.cache_miss),
-        ),
-        batch_stats=[
-            pb.InferBatchStatistics(
-                batch_size=b.batch_size, compute_input=_duration(b.compute_input),
-                compute_infer=_duration(b.compute_infer), compute_output=_duration(b.compute_output),
-            )
-            for b in s.batch_stats
-        ],
-    )
 
 
 def _log_value(value: Any) -> pb.LogSettingsResponseSettingValue:
@@ -177,21 +148,11 @@ class InferenceService:
 
     async def server_metadata(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         await _parse(call, pb.ServerMetadataRequest, data)
-        meta = self.server.metadata()
-        return _reply(pb.ServerMetadataResponse(
-            name=meta["name"], version=meta["version"], extensions=list(meta["extensions"])))
+        return _reply(grpc_messages.server_metadata(self.server.metadata()))
 
     async def model_metadata(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.ModelMetadataRequest, data)
-        meta = self.server.model_metadata(request.name, request.version)
-
-        def tensors(items: list[dict[str, Any]]) -> list[pb.ModelMetadataResponseTensorMetadata]:
-            return [pb.ModelMetadataResponseTensorMetadata(name=t["name"], datatype=t["datatype"],
-                                                           shape=[int(d) for d in t["shape"]]) for t in items]
-
-        return _reply(pb.ModelMetadataResponse(
-            name=meta["name"], versions=[str(v) for v in meta["versions"]], platform=meta["platform"],
-            inputs=tensors(meta["inputs"]), outputs=tensors(meta["outputs"])))
+        return _reply(grpc_messages.model_metadata(self.server.model_metadata(request.name, request.version)))
 
     async def model_config(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.ModelConfigRequest, data)
@@ -200,16 +161,13 @@ class InferenceService:
     async def model_statistics(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.ModelStatisticsRequest, data)
         stats = self.server.model_statistics(request.name, request.version)
-        return _reply(pb.ModelStatisticsResponse(model_stats=[statistics_message(s) for s in stats]))
+        return _reply(grpc_messages.statistics(stats))
 
     # ---- repository -----------------------------------------------------------------------
 
     async def repository_index(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.RepositoryIndexRequest, data)
-        entries = self.server.repository_index(request.ready)
-        return _reply(pb.RepositoryIndexResponse(models=[
-            pb.RepositoryIndexResponseModelIndex(name=e.name, version=e.version, state=e.state, reason=e.reason)
-            for e in entries]))
+        return _reply(grpc_messages.repository_index(self.server.repository_index(request.ready)))
 
     async def repository_model_load(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.RepositoryModelLoadRequest, data)

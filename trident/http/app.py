@@ -245,7 +245,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
         elif kind == "":
             if method != "GET":
                 raise _NOT_ALLOWED
-            await _send_json(send, server.model_metadata(name, version))
+            await _send_json(send, kserve.model_metadata_json(server.model_metadata(name, version)))
         elif kind == "ready":
             if method != "GET":
                 raise _NOT_ALLOWED
@@ -261,7 +261,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
             if method != "GET":
                 raise _NOT_ALLOWED
             await _send_json(
-                send, {"model_stats": [s.to_json() for s in server.model_statistics(name, version)]}
+                send, kserve.statistics_json(server.model_statistics(name, version))
             )
         elif kind == "trace/setting":
             if version:  # Triton has no versioned trace settings: the path falls through to 404
@@ -344,7 +344,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
             ready = doc.get("ready", False)
             if not isinstance(ready, bool):
                 raise invalid_arg("Unable to parse 'ready': expected a boolean")
-            await _send_json(send, [_index_entry(e) for e in server.repository_index(ready)])
+            await _send_json(send, kserve.repository_index_json(server.repository_index(ready)))
             return
         if repo:
             raise unsupported("'repository_name' specification is not supported")
@@ -377,7 +377,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
                     check_restricted(scope, "statistics")
                 if method != "GET":
                     raise _NOT_ALLOWED
-                await _send_json(send, {"model_stats": [s.to_json() for s in server.model_statistics()]})
+                await _send_json(send, kserve.statistics_json(server.model_statistics()))
                 return
             match = _MODEL_RE.fullmatch(path)
             if match is not None:
@@ -397,7 +397,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
         elif path == "/v2":
             if method != "GET":
                 raise _NOT_ALLOWED
-            await _send_json(send, server.metadata())
+            await _send_json(send, kserve.server_metadata_json(server.metadata()))
         elif path == "/v2/logging":
             await logging_route(scope, receive, send, method)
         elif path == "/v2/trace/setting":
@@ -468,17 +468,6 @@ async def _reply_error(send: Send, status: int, body: bytes) -> None:
         await _send_bytes(send, status, [_JSON], body)
     except Exception:  # the response may have started, or the connection is gone
         log.debug("could not send the error response (%d %r)", status, body, exc_info=True)
-
-
-def _index_entry(entry: Any) -> dict[str, str]:
-    out = {"name": entry.name}
-    if entry.version:
-        out["version"] = entry.version
-    if entry.state:
-        out["state"] = entry.state
-    if entry.reason:
-        out["reason"] = entry.reason
-    return out
 
 
 def _load_parameters(params: dict[str, Any]) -> tuple[str | None, dict[str, bytes] | None]:

@@ -103,7 +103,7 @@ def build_request(server: Server, doc: Any, name: str, version: str) -> Inferenc
     if not isinstance(doc, dict):
         raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
     metadata = server.model_metadata(name, version)
-    specs = {t["name"]: t for t in metadata["inputs"]}
+    specs = {t.name: t for t in metadata.inputs}
     inputs: list[Tensor] = []
     params: dict[str, ParamValue] = {}
     request_id = ""
@@ -113,7 +113,7 @@ def build_request(server: Server, doc: Any, name: str, version: str) -> Inferenc
         if spec is None:
             params[key] = _parameter(key, value)
         else:
-            inputs.append(_tensor(key, spec["datatype"], list(spec["shape"]), value))
+            inputs.append(_tensor(key, spec.datatype, list(spec.shape), value))
 
     for key, value in doc.items():
         if key == "id" and isinstance(value, str) and "id" not in specs:

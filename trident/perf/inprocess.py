@@ -53,13 +53,15 @@ class _InProcessControl(Control):
         config = self._run(lambda: self.server.model_config(model, version))
         max_batch = int(config.max_batch_size)
         decoupled = bool(config.model_transaction_policy.decoupled)
-        inputs = tuple(InputSpec(i["name"], i["datatype"], tuple(i["shape"][1:] if max_batch > 0 else i["shape"]))
-                       for i in meta["inputs"])
-        return ModelInfo(model, version, inputs, tuple(o["name"] for o in meta["outputs"]), max_batch, decoupled)
+        inputs = tuple(InputSpec(i.name, i.datatype, tuple(i.shape[1:] if max_batch > 0 else i.shape))
+                       for i in meta.inputs)
+        return ModelInfo(model, version, inputs, tuple(o.name for o in meta.outputs), max_batch, decoupled)
 
     def stats(self, model: str, version: str) -> ServerStats:
         entries = self._run(lambda: self.server.model_statistics(model, version))
-        return server_stats_from_json({"model_stats": [e.to_json() for e in entries]}, version)
+        from trident.protocol import kserve
+
+        return server_stats_from_json(kserve.statistics_json(entries), version)
 
 
 class _InProcessLoad:

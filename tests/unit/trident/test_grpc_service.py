@@ -18,8 +18,8 @@ from e2e.models import RAISES_CONFIG, RAISES_PY, SLOW_CONFIG, SLOW_PY, write_mod
 
 from trident.errors import GRPC_OK
 from trident.grpc.serve import serve_grpc, transport_config
-from trident.grpc.service import statistics_message
 from trident.options import ServerOptions
+from trident.protocol import grpc_messages
 from trident.server import open_server
 from trident.stats import BatchStats, Duration, ModelStatistics
 
@@ -86,7 +86,7 @@ def test_statistics_message():
     stats = ModelStatistics("m", "2", last_inference=17, inference_count=9, execution_count=4, success=d,
                             fail=Duration(1, 5), queue=d, compute_input=d, compute_infer=d, compute_output=d,
                             batch_stats=(BatchStats(2, d, Duration(2, 20), d),))
-    message = pb.ModelStatistics.FromString(bytes(statistics_message(stats)))
+    message = pb.ModelStatistics.FromString(bytes(grpc_messages.statistics_entry(stats)))
     assert (message.name, message.version, message.last_inference) == ("m", "2", 17)
     assert (message.inference_count, message.execution_count) == (9, 4)
     assert (message.inference_stats.success.count, message.inference_stats.success.ns) == (3, 300)

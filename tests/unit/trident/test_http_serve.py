@@ -14,6 +14,7 @@ import tritonclient.http as httpclient
 
 from trident.http.serve import hypercorn_config, serve_http
 from trident.options import EXAMPLE_REPOSITORY, ServerOptions
+from trident.protocol import kserve
 from trident.server import Server, open_server
 
 
@@ -185,7 +186,7 @@ async def test_client_hang_up_cancels_its_queued_request(tmp_path: Path) -> None
         assert reply.startswith(b"HTTP/1.1 200")
         with trio.fail_after(10):
             while True:
-                stats = server.model_statistics("slow")[0].to_json()["inference_stats"]
+                stats = kserve.statistics_entry_json(server.model_statistics("slow")[0])["inference_stats"]
                 if stats["fail"]["count"]:  # type: ignore[index]
                     break
                 await trio.sleep(0.05)

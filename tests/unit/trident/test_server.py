@@ -10,7 +10,7 @@ import trio
 from trident.errors import TritonError
 from trident.options import EXAMPLE_REPOSITORY, ServerOptions
 from trident.server import open_server
-from trident.types import InferenceRequest, RequestedOutput, Tensor
+from trident.types import InferenceRequest, RequestedOutput, Tensor, TensorMetadata
 
 
 def add_sub_request(batch=1, **kw):
@@ -29,8 +29,8 @@ async def test_example_repository_serves_add_sub():
         np.testing.assert_array_equal(resp.output("OUTPUT0").data, a + b)
         np.testing.assert_array_equal(resp.output("OUTPUT1").data, a - b)
         meta = server.model_metadata("add_sub")
-        assert meta["inputs"][0] == {"name": "INPUT0", "datatype": "FP32", "shape": [-1, 16]}
-        assert meta["versions"] == ["1"] and meta["platform"] == "python"
+        assert meta.inputs[0] == TensorMetadata("INPUT0", "FP32", (-1, 16))
+        assert meta.versions == ("1",) and meta.platform == "python"
         stats = server.model_statistics("add_sub")[0]
         assert stats.success.count == 1 and stats.inference_count == 3 and stats.execution_count == 1
 

@@ -1,3 +1,4 @@
+from trident.protocol import kserve
 from trident.stats import Duration, StatsRecorder
 
 
@@ -14,7 +15,7 @@ def test_recorder_snapshot_shapes():
     assert s.success == Duration(1, 100) and s.fail == Duration(2, 120) and s.cancelled == 1
     assert [b.batch_size for b in s.batch_stats] == [1, 3]
     assert s.batch_stats[1].compute_infer == Duration(2, 22)
-    j = s.to_json()
+    j = kserve.statistics_entry_json(s)  # the HTTP statistics extension's shape
     assert j["name"] == "m" and j["version"] == "1"
     assert set(j["inference_stats"]) == {"success", "fail", "queue", "compute_input", "compute_infer",
                                          "compute_output", "cache_hit", "cache_miss"}

@@ -79,7 +79,7 @@ def test_threads_use_the_server_with_blocking_calls() -> None:
         for t in threads:
             t.join(30)
         assert results == {i: float(i) for i in range(8)}
-        assert server.call(lambda s: s.model_metadata("identity_fp32"))["name"] == "identity_fp32"
+        assert server.call(lambda s: s.model_metadata("identity_fp32")).name == "identity_fp32"
     with pytest.raises(RuntimeError):
         server.infer(_identity())  # closed
     assert not any(t.name == "trident-server" for t in threading.enumerate())  # joined
