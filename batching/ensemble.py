@@ -50,7 +50,6 @@ from trident.errors import Code, TritonError, invalid_arg, unavailable
 from trident.protocol.classification import classify
 from trident.protocol.generated.inference import ModelConfig, ModelTransactionPolicy
 from trident.types import (
-    FLAG_ONLY,
     InferenceRequest,
     InferenceResponse,
     ParamValue,
@@ -238,7 +237,7 @@ class EnsembleRequest:
         if ensemble.decoupled:
             if not self.final_sent:  # the last response went out before the last step finished
                 await self.send(InferenceResponse(model_name=ensemble.name, model_version=str(ensemble.version),
-                                                  id=request.id, parameters={FLAG_ONLY: True}, final=True))
+                                                  id=request.id, flag_only=True, final=True))
             return
         if self.response is None:
             raise invalid_arg(f"in ensemble '{ensemble.name}', unexpected deadlock, at least one output is not set "
@@ -380,7 +379,7 @@ class EnsembleRequest:
             if response.final and not done[0]:
                 done[0] = True
                 self.running -= 1
-            if response.parameters.get(FLAG_ONLY) and not response.outputs:
+            if response.flag_only and not response.outputs:
                 return
             produced = {t.name: t for t in response.outputs}
             # a regular model answers once per iteration: its outputs keep the iteration of its

@@ -29,7 +29,7 @@ from trident.backends.base import OwnedThread, Threads
 from trident.config import INLINE_MODES, INLINE_PARAMETER
 from trident.errors import Code, TritonError, internal
 from trident.protocol.classification import classify
-from trident.types import FLAG_ONLY, InferenceRequest, InferenceResponse, Tensor, TensorSpec
+from trident.types import InferenceRequest, InferenceResponse, Tensor, TensorSpec
 
 if TYPE_CHECKING:
     from trident.stats import StatsRecorder
@@ -111,7 +111,7 @@ class Responder:
         if response is None:
             if not final:
                 raise internal("a response without outputs must carry the final flag")
-            response = InferenceResponse(parameters={FLAG_ONLY: True})
+            response = InferenceResponse(flag_only=True)
         response = self._finish(self._request, response)
         response.final = final
         if final:
@@ -524,7 +524,7 @@ class BatchExecutor:
             for wanted in request.outputs:
                 found = produced.get(wanted.name)
                 if found is None:
-                    if response.parameters.get(FLAG_ONLY) or not response.outputs:
+                    if response.flag_only or not response.outputs:
                         continue
                     response.error = internal(f"model '{model.name}' did not produce output '{wanted.name}'")
                     response.outputs = []

@@ -124,8 +124,6 @@ class InferenceRequest:
         callback()
 
 
-#: the parameter that marks a flag-only final response (no outputs, only the final flag)
-FLAG_ONLY = "triton_flag_only"
 
 
 @dataclass(eq=False)
@@ -143,6 +141,9 @@ class InferenceResponse:
     parameters: dict[str, ParamValue] = field(default_factory=dict)
     error: TritonError | None = None
     final: bool = True
+    #: a flag-only final response (Triton's COMPLETE_FINAL without a response): no outputs; the
+    #: front ends send nothing for it unless the client asked for empty final responses
+    flag_only: bool = False
 
     def output(self, name: str) -> Tensor | None:
         for t in self.outputs:

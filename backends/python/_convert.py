@@ -14,7 +14,7 @@ import numpy as np
 
 from trident.backends.python import pb_utils
 from trident.errors import Code, TritonError, internal
-from trident.types import FLAG_ONLY, InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
+from trident.types import InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
 
 #: request parameters Triton consumes itself; models see the others through parameters()
 RESERVED_PARAMETERS = frozenset(
@@ -107,7 +107,7 @@ def to_pb_response(response: InferenceResponse) -> pb_utils.InferenceResponse:
     if response.error is not None:
         code = pb_utils.TritonError.ErrorCode[response.error.code.name]
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(response.error.message, code))
-    params = {k: v for k, v in response.parameters.items() if k != FLAG_ONLY}
+    params = dict(response.parameters)
     return pb_utils.InferenceResponse([to_pb_tensor(t) for t in response.outputs], parameters=params or None)
 
 

@@ -18,7 +18,6 @@ import betterproto2
 import trio
 
 from trident.errors import TritonError, invalid_arg, unavailable
-from trident.execution import FLAG_ONLY
 from trident.grpc.transport import Call, GrpcError, Method
 from trident.protocol import grpc_codec, grpc_messages
 from trident.protocol.generated import inference as pb
@@ -324,9 +323,9 @@ class InferenceService:
             if response.error is not None:
                 await self._send_error(call, response if response.model_name else stub, response.error.message)
                 return
-            params: dict[str, ParamValue] = dict(response.parameters)
-            if params.pop(FLAG_ONLY, False) is True and not empty_final:
+            if response.flag_only and not empty_final:
                 return
+            params: dict[str, ParamValue] = dict(response.parameters)
             params["triton_final_response"] = response.final
             if shm_outputs is not None:  # written into their regions, sent without contents
                 try:

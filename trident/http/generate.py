@@ -33,7 +33,6 @@ import numpy as np
 import trio
 
 from trident.errors import TritonError, generate_http_status, internal, invalid_arg
-from trident.execution import FLAG_ONLY
 from trident.protocol import kserve
 from trident.types import InferenceRequest, InferenceResponse, ParamValue, Tensor
 
@@ -135,7 +134,7 @@ def build_request(server: Server, doc: Any, name: str, version: str) -> Inferenc
 
 
 def _flag_only(response: InferenceResponse) -> bool:
-    return response.error is None and not response.outputs and bool(response.parameters.get(FLAG_ONLY))
+    return response.error is None and not response.outputs and response.flag_only
 
 
 def response_json(response: InferenceResponse) -> dict[str, Any]:
@@ -146,9 +145,7 @@ def response_json(response: InferenceResponse) -> dict[str, Any]:
         out["id"] = response.id
     out["model_name"] = response.model_name
     out["model_version"] = response.model_version
-    for key, value in response.parameters.items():
-        if key != FLAG_ONLY:
-            out[key] = value
+    out.update(response.parameters)
     for tensor in response.outputs:
         if tensor.datatype == "FP16":
             values: Any = tensor.data.astype(np.float32).reshape(-1).tolist()

@@ -34,7 +34,7 @@ from trident.http.infer import HTTPError
 from trident.openai import api
 from trident.openai.template import Assets, load_assets
 from trident.protocol import kserve
-from trident.types import FLAG_ONLY, InferenceRequest, InferenceResponse
+from trident.types import InferenceRequest, InferenceResponse
 
 if TYPE_CHECKING:
     from trident.server import Server
@@ -108,7 +108,7 @@ async def _send_body(send: Send, body: bytes, more: bool = True) -> None:
 
 
 def _flag_only(response: InferenceResponse) -> bool:
-    return response.error is None and not response.outputs and bool(response.parameters.get(FLAG_ONLY))
+    return response.error is None and not response.outputs and response.flag_only
 
 
 async def _run_watching(server: Server, request: InferenceRequest, receive: Receive,

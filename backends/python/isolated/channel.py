@@ -267,7 +267,7 @@ def response_to_wire(response: InferenceResponse, arrays: list[np.ndarray]) -> d
     start = len(arrays)
     return {
         "outputs": tensors_to_wire(response.outputs, arrays), "start": start,
-        "parameters": dict(response.parameters), "final": response.final,
+        "parameters": dict(response.parameters), "final": response.final, "flag_only": response.flag_only,
         "error": None if error is None else (error.code.name, error.message),
     }
 
@@ -276,6 +276,6 @@ def response_from_wire(meta: dict[str, Any], arrays: list[np.ndarray]) -> Infere
     error = meta["error"]
     return InferenceResponse(
         outputs=tensors_from_wire(meta["outputs"], arrays, meta["start"]),
-        parameters=meta["parameters"], final=meta["final"],
+        parameters=meta["parameters"], final=meta["final"], flag_only=meta.get("flag_only", False),
         error=None if error is None else TritonError(Code[error[0]], error[1]),
     )

@@ -98,7 +98,7 @@ def test_response_json() -> None:
         outputs=[Tensor.from_numpy("text_output", np.array([b"hi"], dtype=object)),
                  Tensor.from_numpy("scores", np.array([0.5, 0.25], np.float32)),
                  Tensor.from_numpy("half", np.array([1.5], np.float16))],
-        parameters={"index": 3, "done": False, "triton_flag_only": False})
+        parameters={"index": 3, "done": False})
     assert response_json(response) == {"model_name": "m", "model_version": "2", "index": 3, "done": False,
                                        "text_output": "hi", "scores": [0.5, 0.25], "half": 1.5}
     binary = InferenceResponse(outputs=[Tensor.from_numpy("raw", np.array([b"\xff\xfe"], dtype=object))])
