@@ -416,7 +416,7 @@ def _decode_input(
         array = _blob_to_array(name, datatype, shape, count, view[offset:end])
         return Tensor(name, datatype, shape, array, tensor_params), end
 
-    array = _json_to_array(name, datatype, shape, count, item["data"])
+    array = json_to_array(name, datatype, shape, count, item["data"])
     return Tensor(name, datatype, shape, array, tensor_params), offset
 
 
@@ -466,7 +466,7 @@ def _bad_data(name: str, datatype: str, why: str) -> TritonError:
     return invalid_arg(f"Unable to parse 'data' of input '{name}': {why} for datatype {datatype}")
 
 
-def _json_to_array(name: str, datatype: str, shape: tuple[int, ...], count: int, data: Any) -> np.ndarray:
+def json_to_array(name: str, datatype: str, shape: tuple[int, ...], count: int, data: Any) -> np.ndarray:
     if datatype in ("FP16", "BF16"):
         raise invalid_arg(
             f"receiving {datatype} data via JSON is not supported. Please use the binary data "
@@ -589,7 +589,7 @@ def _sliced_to_array(name: str, datatype: str, shape: tuple[int, ...], count: in
         if any(encoded or part.dtype != dtype for encoded, part in parts) or dtype.kind == "O":
             # the slices disagree (ints, then floats) or hold what numpy cannot type: the
             # list as one parse gives it, then the usual path (rare, and slow for a long list)
-            return _json_to_array(name, datatype, shape, count, data.whole())
+            return json_to_array(name, datatype, shape, count, data.whole())
         out = np.empty(count, dtype=dtype)
     pos = 0
     for _, part in parts:
@@ -810,11 +810,11 @@ def _encode_output(tensor: Tensor, binary: bool, blobs: list[bytes | memoryview]
         if datatype in ("FP16", "BF16"):  # as for inputs: only the binary extension carries them
             raise invalid_arg(f"sending {datatype} data via JSON is not supported. Please use the binary "
                               "data format for output")
-        json_data = _json_data(datatype, data)
-        if json_data is not None:
+        values = json_data(datatype, data)
+        if values is not None:
             if params:
                 out["parameters"] = params
-            out["data"] = json_data
+            out["data"] = values
             return out
     blob = _binary_data(datatype, data)
     if params is None:
@@ -835,7 +835,7 @@ def _binary_data(datatype: str, data: np.ndarray) -> bytes | memoryview:
     return array.reshape(-1).data.cast("B")
 
 
-def _json_data(datatype: str, data: np.ndarray) -> Any:
+def json_data(datatype: str, data: np.ndarray) -> Any:
     """JSON value for an output's ``data``; None when it has no exact JSON form."""
     flat = data.reshape(-1)
     if datatype == "BYTES":

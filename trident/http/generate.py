@@ -1,16 +1,7 @@
 """Triton's (provisional) generate extension: ``POST .../generate`` and ``.../generate_stream``.
 
-Request JSON (Triton's "exact mapping"): every top-level key, and every key of the optional
-``"parameters"`` object, that names a model input becomes that input tensor; any other key
-becomes a request parameter (string, number or boolean). A top-level string ``"id"`` is the
-request id. A tensor value is a scalar or a 1-D array; its shape is the input's shape with the
-fixed dimensions taken from the config, the innermost variable dimension holding the rest of
-the elements and any other variable dimension (the batch dimension) set to 1. So
-``{"text_input": "hi", "max_tokens": 8}`` feeds ``text_input`` BYTES [1] and ``max_tokens``.
-
-Response JSON: ``id`` (when set), ``model_name``, ``model_version``, each response parameter,
-and each output tensor by name (its data as a JSON array, a lone element unwrapped), so a
-``text_output`` BYTES output becomes ``"text_output": "..."``.
+The JSON mapping of requests and responses is :mod:`trident.protocol.generate`; this module
+serves it.
 
 * ``generate`` answers ``application/json`` and needs exactly one response (flag-only final
   responses of decoupled models do not count).
@@ -29,12 +20,12 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import trio
 
-from trident.errors import TritonError, generate_http_status, internal, invalid_arg
+from trident.errors import TritonError, generate_http_status, internal
+from trident.protocol import generate as codec
 from trident.protocol import kserve
-from trident.types import InferenceRequest, InferenceResponse, ParamValue, Tensor
+from trident.types import InferenceRequest, InferenceResponse
 
 if TYPE_CHECKING:
     from trident.server import Server
@@ -54,109 +45,6 @@ _ONE_RESPONSE = (
 
 class ClientGone(Exception):
     """The client disconnected before the answer was complete."""
-
-
-# ---- request mapping ---------------------------------------------------------------------------
-
-
-def _shape_for(name: str, dims: list[int], count: int) -> tuple[int, ...]:
-    """Triton's two-pass shape fill: fixed dims divide ``count``, the innermost -1 takes the rest."""
-    shape = list(dims)
-    remaining = count
-    for d in reversed(shape):
-        if d != -1:
-            if d == 0 or remaining % d:
-                raise invalid_arg(f"The schema can not convert input '{name}' to tensor with proper shape")
-            remaining //= d
-    for i in range(len(shape) - 1, -1, -1):
-        if shape[i] == -1:
-            shape[i] = remaining
-            remaining = 1
-    if remaining != 1:
-        raise invalid_arg(f"The schema can not convert input '{name}' to tensor with proper shape")
-    return tuple(shape)
-
-
-def _tensor(name: str, datatype: str, dims: list[int], value: Any) -> Tensor:
-    data = value if isinstance(value, list) else [value]
-    shape = _shape_for(name, dims, len(data))
-    count = int(np.prod(shape)) if shape else 1
-    array = kserve._json_to_array(name, datatype, shape, count, data)
-    return Tensor(name, datatype, shape, array)
-
-
-def _parameter(key: str, value: Any) -> ParamValue:
-    if isinstance(value, (bool, int, float, str)):
-        return value
-    raise invalid_arg(
-        f"Unsupported parameter type for parameter '{key}': expected a string, number or boolean"
-    )
-
-
-def build_request(server: Server, doc: Any, name: str, version: str) -> InferenceRequest:
-    """The InferenceRequest for a generate request body (see the module docstring).
-
-    Raises TritonError: NOT_FOUND / UNAVAILABLE for the model, INVALID_ARG for a body that is
-    not a JSON object, a bad tensor value or parameter.
-    """
-    if not isinstance(doc, dict):
-        raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
-    metadata = server.model_metadata(name, version)
-    specs = {t.name: t for t in metadata.inputs}
-    inputs: list[Tensor] = []
-    params: dict[str, ParamValue] = {}
-    request_id = ""
-
-    def place(key: str, value: Any) -> None:
-        spec = specs.get(key)
-        if spec is None:
-            params[key] = _parameter(key, value)
-        else:
-            inputs.append(_tensor(key, spec.datatype, list(spec.shape), value))
-
-    for key, value in doc.items():
-        if key == "id" and isinstance(value, str) and "id" not in specs:
-            request_id = value
-        elif key == "parameters":
-            if key in specs:
-                raise invalid_arg("Keyword 'parameters' for nested schema also given as input tensor name")
-            if not isinstance(value, dict):
-                raise invalid_arg("Expected JSON object for keyword: 'parameters'")
-            for inner, item in value.items():
-                place(inner, item)
-        else:
-            place(key, value)
-    return InferenceRequest(model_name=name, inputs=inputs, model_version=version, id=request_id,
-                            parameters=params)
-
-
-# ---- response mapping --------------------------------------------------------------------------
-
-
-def _flag_only(response: InferenceResponse) -> bool:
-    return response.error is None and not response.outputs and response.flag_only
-
-
-def response_json(response: InferenceResponse) -> dict[str, Any]:
-    """The generate response object for one response. Raises TritonError(INTERNAL) for an
-    output with no JSON form (BYTES that are not UTF-8, FP16)."""
-    out: dict[str, Any] = {}
-    if response.id:
-        out["id"] = response.id
-    out["model_name"] = response.model_name
-    out["model_version"] = response.model_version
-    out.update(response.parameters)
-    for tensor in response.outputs:
-        if tensor.datatype == "FP16":
-            values: Any = tensor.data.astype(np.float32).reshape(-1).tolist()
-        else:
-            values = kserve._json_data(tensor.datatype, tensor.data)
-            if values is None:
-                raise internal(f"output '{tensor.name}' holds bytes that are not UTF-8 text")
-            if isinstance(values, np.ndarray):
-                values = values.tolist()
-        out[tensor.name] = values[0] if len(values) == 1 else values
-    return out
 
 
 # ---- serving -----------------------------------------------------------------------------------
@@ -221,7 +109,7 @@ async def generate(server: Server, receive: Receive, send: Send, request: Infere
     responses: list[InferenceResponse] = []
 
     async def keep(response: InferenceResponse) -> None:
-        if not _flag_only(response):
+        if not codec.flag_only(response):
             responses.append(response)
 
     await _run(server, request, receive, keep)
@@ -230,7 +118,7 @@ async def generate(server: Server, receive: Receive, send: Send, request: Infere
             raise response.error
     if len(responses) != 1:
         raise internal(_ONE_RESPONSE)
-    body = kserve.dumps(response_json(responses[0]))
+    body = kserve.dumps(codec.response_json(responses[0]))
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
     await _send_body(send, body, False)
@@ -257,13 +145,13 @@ async def generate_stream(server: Server, receive: Receive, send: Send, request:
         await _send_body(send, b"data: " + kserve.dumps(payload) + b"\n\n", True)
 
     async def emit(response: InferenceResponse) -> None:
-        if _flag_only(response):
+        if codec.flag_only(response):
             return
         if response.error is not None:
             await event({"error": response.error.message}, generate_http_status(response.error.code))
             return
         try:
-            payload = response_json(response)
+            payload = codec.response_json(response)
         except TritonError as e:
             payload = {"error": e.message}
         await event(payload)
@@ -287,7 +175,8 @@ async def handle(server: Server, receive: Receive, send: Send, name: str, versio
     Raises TritonError for errors before the response starts (the caller answers them as
     JSON); returns quietly when the client went away.
     """
-    request = build_request(server, kserve.parse_json(body) if body else None, name, version)
+    doc = kserve.parse_json(body) if body else None
+    request = codec.build_request(server.model_metadata(name, version), doc, name, version)
     try:
         if streaming:
             await generate_stream(server, receive, send, request)

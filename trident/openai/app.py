@@ -34,6 +34,7 @@ from trident.http.infer import HTTPError
 from trident.openai import api
 from trident.openai.template import Assets, load_assets
 from trident.protocol import kserve
+from trident.protocol.generate import flag_only
 from trident.types import InferenceRequest, InferenceResponse
 
 if TYPE_CHECKING:
@@ -105,10 +106,6 @@ async def _send_body(send: Send, body: bytes, more: bool = True) -> None:
         raise
     except Exception as e:  # the connection is gone
         raise ClientGone from e
-
-
-def _flag_only(response: InferenceResponse) -> bool:
-    return response.error is None and not response.outputs and response.flag_only
 
 
 async def _run_watching(server: Server, request: InferenceRequest, receive: Receive,
@@ -227,7 +224,7 @@ def make_openai_app(server: Server, *, max_body: int = api.MAX_BODY_BYTES,
 
         if not gen.stream:
             async def keep(response: InferenceResponse) -> None:
-                if _flag_only(response):
+                if flag_only(response):
                     return
                 if response.error is not None:
                     raise response.error
@@ -256,7 +253,7 @@ def make_openai_app(server: Server, *, max_body: int = api.MAX_BODY_BYTES,
                 await _send_body(send, api.sse(api.chunk(gen, rid, stamp, "", first=True)))
 
         async def emit(response: InferenceResponse) -> None:
-            if _flag_only(response):
+            if flag_only(response):
                 return
             if response.error is not None:
                 raise response.error

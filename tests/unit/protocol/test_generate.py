@@ -1,4 +1,4 @@
-"""The generate extension's JSON mapping (trident.http.generate), against a real in-process server."""
+"""The generate extension's JSON mapping (trident.protocol.generate), against a real in-process server."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from trident.errors import Code, TritonError
-from trident.http.generate import _shape_for, build_request, response_json
 from trident.options import ServerOptions
+from trident.protocol.generate import _shape_for, build_request, response_json
 from trident.server import open_server
 from trident.types import InferenceResponse, Tensor
 
@@ -58,7 +58,7 @@ async def test_keys_map_to_inputs_and_parameters(repo: Path) -> None:
     async with open_server(ServerOptions(model_repositories=[str(repo)])) as server:
         doc = {"id": "g1", "text_input": "héllo", "max_tokens": 7, "stream": True,
                "parameters": {"temperature": 0.25, "bias": [0.5, 1.5], "pair": [1, 2, 3, 4], "label": "x"}}
-        request = build_request(server, doc, "llm", "")
+        request = build_request(server.model_metadata("llm"), doc, "llm", "")
         assert request.id == "g1" and request.model_name == "llm"
         got = {t.name: (t.datatype, t.shape, t.data.tolist()) for t in request.inputs}
         assert got == {
@@ -85,10 +85,10 @@ async def test_bad_requests(repo: Path) -> None:
         ]
         for doc, message in cases:
             with pytest.raises(TritonError, match=message) as info:
-                build_request(server, doc, "llm", "")
+                build_request(server.model_metadata("llm"), doc, "llm", "")
             assert info.value.code == Code.INVALID_ARG
         with pytest.raises(TritonError) as info:
-            build_request(server, {"text_input": "a"}, "missing", "")
+            server.model_metadata("missing")
         assert info.value.code == Code.NOT_FOUND
 
 
