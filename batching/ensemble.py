@@ -46,8 +46,8 @@ from trident.batching.ensemble_plan import (
     reshape,
     version_string,
 )
+from trident.batching.outputs import classify
 from trident.errors import Code, TritonError, invalid_arg, unavailable
-from trident.protocol.classification import classify
 from trident.protocol.generated.inference import ModelConfig, ModelTransactionPolicy
 from trident.types import (
     InferenceRequest,

@@ -26,10 +26,10 @@ import trio
 
 from trident.backends import ModelInstance
 from trident.backends.base import OwnedThread, Threads
+from trident.batching.outputs import finish_outputs
 from trident.config import INLINE_MODES, INLINE_PARAMETER
 from trident.errors import Code, TritonError, internal
-from trident.protocol.classification import classify
-from trident.types import InferenceRequest, InferenceResponse, Tensor, TensorSpec
+from trident.types import InferenceRequest, InferenceResponse, TensorSpec
 
 if TYPE_CHECKING:
     from trident.stats import StatsRecorder
@@ -507,33 +507,11 @@ class BatchExecutor:
                                      end - infer_end)
 
     def finish(self, request: InferenceRequest, response: InferenceResponse) -> InferenceResponse:
-        """Name the response, keep the requested outputs in order, apply classification."""
+        """Name the response, then its outputs' post-processing (trident.batching.outputs)."""
         model = self.model
         response.model_name = model.name
         response.model_version = str(model.version)
         response.id = request.id
         if response.error is not None:
             return response
-        for tensor in response.outputs:
-            spec = model.outputs.get(tensor.name)
-            if spec is not None and spec.datatype == "BF16" and tensor.datatype == "UINT16":
-                tensor.datatype = "BF16"  # trident's BF16 representation is uint16 bit patterns
-        if request.outputs:
-            produced = {t.name: t for t in response.outputs}
-            selected: list[Tensor] = []
-            for wanted in request.outputs:
-                found = produced.get(wanted.name)
-                if found is None:
-                    if response.flag_only or not response.outputs:
-                        continue
-                    response.error = internal(f"model '{model.name}' did not produce output '{wanted.name}'")
-                    response.outputs = []
-                    return response
-                tensor = found
-                k = wanted.parameters.get("classification")
-                if k:
-                    spec = model.outputs.get(wanted.name)
-                    tensor = classify(tensor, int(k), spec.labels if spec else None, model.max_batch_size > 0)
-                selected.append(tensor)
-            response.outputs = selected
-        return response
+        return finish_outputs(response, request, model.outputs, model.name, model.max_batch_size > 0)

@@ -1,7 +1,10 @@
-"""The classification extension: top-k of an output as "<value>:<index>[:<label>]" strings (sans-IO).
+"""What a response's outputs become before they leave the server: the outputs the request
+asked for, in its order, each classified where it asked (Triton's classification extension).
 
-Triton formats each entry with C++ ``std::to_string``: floating-point values print with six
-decimals ("15.000000:3"), integer values as integers ("15:3"), and a non-empty label for the
+Used by the executor for every model's responses and by the ensemble for its own.
+
+Classification: the top-k of an output as "<value>:<index>[:<label>]" strings. Triton formats
+each entry with C++ ``std::to_string``: floating-point values print with six decimals ("15.000000:3"), integer values as integers ("15:3"), and a non-empty label for the
 class index is appended after a second colon. Entries are ordered by value, highest first;
 equal values keep index order (Triton's sort leaves ties unspecified). Triton refuses FP16 and
 BF16 outputs; trident classifies them as floats. BOOL and BYTES outputs cannot be classified.
@@ -13,11 +16,42 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trident.errors import invalid_arg
+from trident.errors import internal, invalid_arg
 from trident.protocol import datatypes
-from trident.types import Tensor
+from trident.types import InferenceRequest, InferenceResponse, Tensor, TensorSpec
 
-__all__ = ["classify"]
+__all__ = ["classify", "finish_outputs"]
+
+
+def finish_outputs(response: InferenceResponse, request: InferenceRequest, specs: dict[str, TensorSpec],
+                   model_name: str, batching: bool) -> InferenceResponse:
+    """``response`` with BF16 outputs named as such, then only the outputs ``request`` asked
+    for, in its order, classified where asked (all of them, unclassified, when it named none).
+    An output the model did not produce fails the response (INTERNAL), except in a flag-only or
+    empty response. Raises TritonError(INVALID_ARG) for an output that cannot be classified."""
+    for tensor in response.outputs:
+        spec = specs.get(tensor.name)
+        if spec is not None and spec.datatype == "BF16" and tensor.datatype == "UINT16":
+            tensor.datatype = "BF16"  # trident's BF16 representation is uint16 bit patterns
+    if request.outputs:
+        produced = {t.name: t for t in response.outputs}
+        selected: list[Tensor] = []
+        for wanted in request.outputs:
+            found = produced.get(wanted.name)
+            if found is None:
+                if response.flag_only or not response.outputs:
+                    continue
+                response.error = internal(f"model '{model_name}' did not produce output '{wanted.name}'")
+                response.outputs = []
+                return response
+            tensor = found
+            k = wanted.parameters.get("classification")
+            if k:
+                spec = specs.get(wanted.name)
+                tensor = classify(tensor, int(k), spec.labels if spec else None, batching)
+            selected.append(tensor)
+        response.outputs = selected
+    return response
 
 
 def classify(tensor: Tensor, k: int, labels: Sequence[str] | None, batched: bool) -> Tensor:

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from trident.batching.outputs import classify
 from trident.errors import Code, TritonError
 from trident.protocol import datatypes
-from trident.protocol.classification import classify
 from trident.types import Tensor
 
 
