@@ -136,7 +136,7 @@ class ModelInstance(abc.ABC):
 
     #: True when ``execute`` may run on the event-loop thread: plain CPU work that never waits
     #: on the server (BLS, model control), another process or a device. trident then runs a
-    #: batch inline when this instance's calls measure short (trident.execution.InlineChoice)
+    #: batch inline when this instance's calls measure short (trident.server.execution.InlineChoice)
     #: and on the instance's thread otherwise. Read before every batch; False keeps every
     #: batch on the thread.
     inline_safe: bool = False

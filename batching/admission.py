@@ -1,6 +1,6 @@
 """Admitting a request: its check against the inputs and outputs a model declares.
 
-A model version (trident.model.ModelVersion) and an ensemble (:mod:`.ensemble`) read their
+A model version (trident.server.model.ModelVersion) and an ensemble (:mod:`.ensemble`) read their
 declared tensors once (:func:`tensor_specs`) and check every request against them before it is
 queued (:func:`validate_request`), with Triton's wording.
 """

@@ -37,7 +37,7 @@ from trident.batching.policy import (
 )
 from trident.batching.scheduler import ExecuteBatch, Schedulable, Scheduler
 from trident.errors import TritonError, unavailable
-from trident.logs import VERBOSE
+from trident.observability.logs import VERBOSE
 from trident.types import InferenceResponse
 
 log = logging.getLogger("trident.batcher")

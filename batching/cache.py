@@ -7,7 +7,7 @@ shape and data). trident also hashes the requested outputs and their parameters
 answers without queueing or executing; a response larger than the whole cache is not stored.
 
 Statistics: :meth:`ResponseCache.statistics` for the server-wide figures; the per-model
-``cache_hit`` / ``cache_miss`` durations live in :class:`trident.stats.StatsRecorder` (hit:
+``cache_hit`` / ``cache_miss`` durations live in :class:`trident.observability.stats.StatsRecorder` (hit:
 the lookup; miss: the lookup plus the insertion, as in Triton).
 """
 

@@ -1,6 +1,6 @@
 """Ensemble models (``platform: "ensemble"``): a DAG of composing models run per request.
 
-An ensemble is a :class:`~trident.model.ModelVersion` like any other model, whose scheduler is
+An ensemble is a :class:`~trident.server.model.ModelVersion` like any other model, whose scheduler is
 :class:`EnsembleScheduler` instead of a queue: it owns no instance. Its load checks the steps
 against the composing models, which the repository has loaded first
 (:func:`~trident.batching.ensemble_plan.build_plan`); it is READY only while every composing
@@ -80,7 +80,7 @@ class ComputeSums:
 
 
 class EnsembleScheduler:
-    """The scheduler of an ensemble model version: a :class:`~trident.model.ModelVersion` made
+    """The scheduler of an ensemble model version: a :class:`~trident.server.model.ModelVersion` made
     with ``ensemble=`` runs each request through :meth:`request` instead of a queue.
 
     It owns the plan (the steps checked against the composing models) and the steps' in-flight

@@ -17,7 +17,7 @@ from trident.errors import unsupported
 
 
 class Schedulable(Protocol):
-    """What a scheduler needs of a queued request (trident.execution.Pending)."""
+    """What a scheduler needs of a queued request (trident.server.execution.Pending)."""
 
     @property
     def batch_size(self) -> int: ...

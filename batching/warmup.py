@@ -126,10 +126,10 @@ async def warm_up(instance: Any, samples: Sequence[WarmupSample], *, model_name:
                   validate: Callable[[InferenceRequest], int],
                   make_pending: Callable[[InferenceRequest], Any], thread: Any) -> None:
     """Run every sample on ``instance``, on its thread (``thread.run(fn, *args)``, a
-    :class:`trident.execution.InstanceThread`).
+    :class:`trident.server.execution.InstanceThread`).
 
     ``validate`` checks a request against the config, ``make_pending`` gives it a response
-    channel (a :class:`trident.execution.Pending`). Raises TritonError for the first sample
+    channel (a :class:`trident.server.execution.Pending`). Raises TritonError for the first sample
     that fails (invalid data, an exception, an error response). Cancellation: a running
     execution is awaited (shielded) before the cancellation is delivered.
     """

@@ -89,7 +89,7 @@ _EMPTY: dict[str, Any] = {}
 _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 _SHM_UNSUPPORTED = "shared memory extension is not supported yet"
 #: ``shm(region, offset, byte_size) -> memoryview``: the bytes of a shared-memory tensor, from
-#: the server's registry (trident.shared_memory); None: shared memory is not available
+#: the server's registry (trident.server.shared_memory); None: shared memory is not available
 ShmLookup = Callable[[str, int, int], memoryview]
 # request parameters with a meaning of their own, and the JSON types they must have
 _RESERVED_BOOL = ("sequence_start", "sequence_end", "binary_data_output")

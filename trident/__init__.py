@@ -17,8 +17,8 @@ DISTRIBUTION = "trident-inference"
 
 _LAZY = {
     "open_server": ("trident.server", "open_server"),
-    "start_server": ("trident.threaded", "start_server"),
-    "ServerThread": ("trident.threaded", "ServerThread"),
+    "start_server": ("trident.server.threaded", "start_server"),
+    "ServerThread": ("trident.server.threaded", "ServerThread"),
     "Server": ("trident.server", "Server"),
     "ServerOptions": ("trident.options", "ServerOptions"),
     "InferenceRequest": ("trident.types", "InferenceRequest"),

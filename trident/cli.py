@@ -382,9 +382,9 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         raise ValueError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
     if not opts.metrics_address:
         opts.metrics_address = opts.http_address
-    from trident.model_metrics import parse_metrics_config
+    from trident.observability.model_metrics import parse_metrics_config
+    from trident.observability.tracing import parse_trace_config
     from trident.restricted import grpc_restrictions, http_restrictions
-    from trident.tracing import parse_trace_config
 
     parse_metrics_config(opts.metrics_config)
     parse_trace_config(opts.trace_config)

@@ -62,8 +62,8 @@ class ServerOptions:
     metrics_address: str = ""
     metrics_port: int = 8002
     metrics_interval_ms: int = 2000
-    metrics_config: list[str] = field(default_factory=list)  # <key>=<value> (trident.model_metrics)
-    trace_config: list[str] = field(default_factory=list)  # [<mode>,]<key>=<value> (trident.tracing)
+    metrics_config: list[str] = field(default_factory=list)  # <key>=<value> (trident.observability.model_metrics)
+    trace_config: list[str] = field(default_factory=list)  # [<mode>,]<key>=<value> (trident.observability.tracing)
     # repository and lifecycle
     model_control_mode: str = "none"  # none | poll | explicit
     load_models: list[str] = field(default_factory=list)

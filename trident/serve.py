@@ -22,11 +22,11 @@ from typing import Any
 import trio
 
 import trident
-from trident.cloud_repository import is_cloud_url, parse_cloud_url
 from trident.errors import TritonError
-from trident.logs import LogSettings
+from trident.observability.logs import LogSettings
 from trident.options import ServerOptions
 from trident.server import EXTENSIONS, Server, open_server
+from trident.server.cloud_repository import is_cloud_url, parse_cloud_url
 
 log = logging.getLogger("trident.serve")
 
@@ -88,7 +88,7 @@ async def _start_front_ends(server: Server, nursery: trio.Nursery, http_nursery:
                             "OpenAI frontend", opts.http_address, opts.openai_port)
         log.info("Started OpenAIFrontend at %s:%s", opts.http_address, port)
     if opts.allow_metrics:
-        from trident.metrics import serve_metrics
+        from trident.observability.metrics import serve_metrics
 
         port = await _start(nursery, partial(serve_metrics, server, host=opts.metrics_address, port=opts.metrics_port),
                             "Metrics service", opts.metrics_address, opts.metrics_port)

@@ -82,7 +82,7 @@ class InferenceRequest:
     cancelled: bool = False
     arrival_ns: int = field(default_factory=time.monotonic_ns)
     trace: Any = None
-    #: where the request's responses go (trident.execution.Responder), set when it is queued
+    #: where the request's responses go (trident.server.execution.Responder), set when it is queued
     responder: Any = None
     #: also receives the compute durations of this request when it succeeds (an ensemble step
     #: reports into its ensemble request; ``add(input_ns, infer_ns, output_ns)``)

@@ -560,7 +560,7 @@ _model_logger = logging.getLogger("trident.model")
 
 
 class Logger:
-    """Model logging, through the Python logger ``trident.model`` (VERBOSE is DEBUG)."""
+    """Model logging, through the Python logger ``trident.server.model`` (VERBOSE is DEBUG)."""
 
     class LogLevel(enum.IntEnum):
         INFO = 0

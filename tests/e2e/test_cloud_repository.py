@@ -325,8 +325,8 @@ def test_azure_repository(server_factory, tmp_path):
 
 
 def test_cloud_urls_parse_as_triton_writes_them():
-    from trident.cloud_repository import parse_cloud_url
     from trident.errors import TritonError
+    from trident.server.cloud_repository import parse_cloud_url
 
     loc = parse_cloud_url("s3://bucket/a/b/", env={})
     assert (loc.protocol, loc.root, loc.options) == ("s3", "bucket/a/b", {})

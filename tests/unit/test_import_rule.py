@@ -2,19 +2,20 @@
 
 Layers, lowest first (a module may import its own layer and the layers below it):
 
-0. leaf: ``trident.errors``, ``trident.types``, ``trident.options``, ``trident.logs``,
+0. leaf: ``trident.errors``, ``trident.types``, ``trident.options``, ``trident.observability.logs``,
    ``trident.protocol.datatypes`` (they import only each other);
 1. ``trident.protocol`` (sans-IO codecs: the wire, config text, HTTP/1.1 and HTTP/2 framing);
 2. model config: ``trident.config``, ``trident.config_validation``;
-3. observability records: ``trident.stats``, ``trident.model_metrics``, ``trident.trace``,
-   ``trident.tracing``;
+3. observability records: ``trident.observability`` ``.stats``, ``.model_metrics``, ``.trace``,
+   ``.tracing``;
 4. ``trident.backends`` (the backend interface and the framework backends) and
    ``trident.agents`` (repository agents);
 5. ``trident.batching`` (schedulers; they call backends through the backend interface);
-6. the server core: model versions, execution, the repository, the server, shared memory,
-   worker threads, listeners;
+6. the server core (``trident.server``: the server, the repository, model versions, execution,
+   shared memory, worker threads), host metrics, listeners;
 7. front ends: ``trident.http``, ``trident.grpc``, ``trident.openai``, ``trident.perf``, the
-   metrics endpoint, serve, the CLI, the threaded wrapper.
+   metrics endpoint (``trident.observability.metrics``), serve, the CLI, the threaded wrapper
+   (``trident.server.threaded``).
 
 Every import counts for the layers, at any depth of the module (lazy imports in functions and
 ``TYPE_CHECKING`` ones too): a dependency is a dependency. Two modules never import each other
@@ -32,20 +33,20 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"trident": "trident", "protocol": "trident.protocol", "backends": "trident.backends",
             "batching": "trident.batching", "agents": "trident.agents"}
 
-LEAF = {"trident.errors", "trident.types", "trident.options", "trident.logs", "trident.protocol.datatypes"}
+LEAF = {"trident.errors", "trident.types", "trident.options", "trident.observability.logs",
+        "trident.protocol.datatypes"}
 # (layer, module prefixes): the longest matching prefix places a module
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (0, tuple(LEAF)),
+    (0, (*LEAF, "trident.observability")),  # the package itself: a docstring
     (1, ("trident.protocol",)),
     (2, ("trident.config", "trident.config_validation")),
-    (3, ("trident.stats", "trident.model_metrics", "trident.trace", "trident.tracing")),
+    (3, ("trident.observability.stats", "trident.observability.model_metrics", "trident.observability.trace",
+         "trident.observability.tracing")),
     (4, ("trident.backends", "trident.agents")),
     (5, ("trident.batching",)),
-    (6, ("trident.execution", "trident.model", "trident.repository", "trident.server", "trident.shared_memory",
-         "trident.devices", "trident.worker_threads", "trident.restricted", "trident.host_metrics",
-         "trident.listening", "trident.cloud_repository")),
-    (7, ("trident.http", "trident.grpc", "trident.openai", "trident.perf", "trident.metrics", "trident.serve",
-         "trident.cli", "trident.__main__", "trident.threaded")),
+    (6, ("trident.server", "trident.observability.host_metrics", "trident.restricted", "trident.listening")),
+    (7, ("trident.http", "trident.grpc", "trident.openai", "trident.perf", "trident.observability.metrics",
+         "trident.serve", "trident.cli", "trident.__main__", "trident.server.threaded")),
 ]
 
 
@@ -167,6 +168,6 @@ def test_no_two_modules_import_each_other() -> None:
 def test_the_rule_sees_imports() -> None:
     # the checker itself: a known downward import is found, and layers are ordered as documented
     assert "trident.errors" in imports_of("trident.protocol.kserve")
-    assert "trident.backends" in imports_of("trident.model")
+    assert "trident.backends" in imports_of("trident.server.model")
     assert layer_of("trident.protocol.datatypes") == 0 and layer_of("trident.protocol.kserve") == 1
     assert layer_of("trident.http.app") == 7 and layer_of("trident.batching.dynamic") == 5

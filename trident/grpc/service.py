@@ -4,7 +4,7 @@ ModelInfer and ModelStreamInfer go through the hand-written codec
 (:mod:`trident.protocol.grpc_codec`); the other RPCs use the betterproto2 messages generated
 from ``protocol/grpc_service.proto``. Errors are TritonErrors whose status comes from
 :func:`trident.errors.grpc_status`; the shared-memory RPCs, and tensors in shared memory, go
-through the server's registry (:mod:`trident.shared_memory`).
+through the server's registry (:mod:`trident.server.shared_memory`).
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ class InferenceService:
         await self.server.unload_model(request.model_name, dependents)
         return _reply(pb.RepositoryModelUnloadResponse())
 
-    # ---- shared memory (trident.shared_memory) ---------------------------------------------
+    # ---- shared memory (trident.server.shared_memory) ---------------------------------------------
 
     async def system_shm_status(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.SystemSharedMemoryStatusRequest, data)

@@ -52,7 +52,6 @@ from typing import Any
 
 import trio
 
-from trident import worker_threads
 from trident.errors import (
     GRPC_DEADLINE_EXCEEDED,
     GRPC_INTERNAL,
@@ -67,6 +66,7 @@ from trident.protocol import grpc_framing as framing
 from trident.protocol import h2_guard, http2
 from trident.protocol.grpc_framing import FramingError
 from trident.protocol.h2_guard import FrameGuard, GuardLimits, PingPolicy
+from trident.server import worker_threads
 
 log = logging.getLogger("trident.grpc")
 

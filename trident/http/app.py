@@ -15,7 +15,7 @@ Triton's HTTP API (reference §1) over the :class:`~trident.server.Server` facad
   nursery next to a task that waits for ``http.disconnect``.
 * generate / generate_stream are served by :mod:`trident.http.generate` (server-sent events).
 * Shared memory (``/v2/{system,cuda}sharedmemory/...``) goes to the server's registry
-  (:mod:`trident.shared_memory`), shared with gRPC.
+  (:mod:`trident.server.shared_memory`), shared with gRPC.
 * ``/v1`` and ``/v1/...`` are the OpenAI-compatible routes (:mod:`trident.openai.app`, its own
   error shape); ``--http-restricted-api`` groups them as ``metadata`` (``/v1/models``) and
   ``inference``.
@@ -296,7 +296,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
 
     async def shm_route(scope: Scope, receive: Receive, send: Send, kind: str, region: str, action: str) -> None:
         """/v2/{system,cuda}sharedmemory[/region/R]/{status,register,unregister}
-        (trident.shared_memory, the registry the gRPC RPCs use too)."""
+        (trident.server.shared_memory, the registry the gRPC RPCs use too)."""
         registry = server.shared_memory
         if action == "status":
             regions = registry.system_status(region) if kind == "system" else registry.cuda_status(region)

@@ -16,8 +16,8 @@ from typing import TypeVar
 import trio
 from trio.lowlevel import RunVar
 
-from trident import worker_threads
 from trident.protocol import kserve
+from trident.server import worker_threads
 
 T = TypeVar("T")
 
@@ -38,7 +38,7 @@ def limiter() -> trio.CapacityLimiter:
 
 
 async def run_sync(fn: Callable[..., T], *args: object) -> T:
-    """``fn(*args)`` in a decode thread (trident.worker_threads.run_sync); returns or raises
+    """``fn(*args)`` in a decode thread (trident.server.worker_threads.run_sync); returns or raises
     what it does. Waiting for a free thread can be cancelled; once the thread runs,
     cancellation takes effect when it returns (the thread is never abandoned).
     """

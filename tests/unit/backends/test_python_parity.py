@@ -22,7 +22,6 @@ from trident.backends.python._aio import InstanceLoop
 from trident.backends.python._pb_tensor import _capsule_dtype
 from trident.backends.python.backend import PythonBackend, PythonInstance
 from trident.errors import Code, TritonError
-from trident.execution import InstanceThread
 from trident.protocol.generated.inference import (
     DataType,
     ModelConfig,
@@ -30,6 +29,7 @@ from trident.protocol.generated.inference import (
     ModelOutput,
     ModelTransactionPolicy,
 )
+from trident.server.execution import InstanceThread
 from trident.types import InferenceRequest, InferenceResponse, Tensor
 
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import trio
 
-from trident import model as model_module
 from trident.errors import Code, TritonError
 from trident.options import ServerOptions
+from trident.server import model as model_module
 from trident.server import open_server
 from trident.types import InferenceRequest, InferenceResponse, Tensor
 

@@ -22,8 +22,8 @@ from trident.batching.sequence_rules import (
     ready_mask,
 )
 from trident.errors import Code, TritonError
-from trident.execution import Pending
 from trident.protocol.pbtxt import parse_pbtxt
+from trident.server.execution import Pending
 from trident.types import InferenceRequest, InferenceResponse, Tensor
 
 

@@ -14,8 +14,8 @@ from trident.batching.sequence import NullResponder, SequenceScheduler, _Sequenc
 from trident.batching.sequence_rules import direct_layout
 from trident.batching.state import SequenceState, StateSpec, null_inputs
 from trident.errors import TritonError
-from trident.execution import Pending
 from trident.protocol.pbtxt import parse_pbtxt
+from trident.server.execution import Pending
 from trident.types import InferenceRequest, InferenceResponse, Tensor
 
 CONFIG = '''

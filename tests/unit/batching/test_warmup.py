@@ -7,11 +7,11 @@ import pytest
 
 from trident.batching.warmup import warm_up, warmup_samples
 from trident.errors import Code, TritonError
-from trident.execution import InstanceThread
 from trident.protocol.datatypes import serialize_bytes
 from trident.protocol.pbtxt import parse_pbtxt
+from trident.server.execution import InstanceThread
+from trident.server.worker_threads import open_thread_nursery
 from trident.types import InferenceResponse
-from trident.worker_threads import open_thread_nursery
 
 
 def config(warmups: str, max_batch_size: int = 4):

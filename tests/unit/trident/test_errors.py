@@ -41,7 +41,7 @@ def test_helpers_carry_codes():
 
 # ---- the table is the only place an error's status comes from --------------------------------
 
-FRONT_ENDS = ["trident/http", "trident/grpc", "trident/openai", "trident/metrics.py", "trident/server.py",
+FRONT_ENDS = ["trident/http", "trident/grpc", "trident/openai", "trident/observability/metrics.py", "trident/server/core.py",
               "trident/serve.py"]
 # statuses of the protocol itself, which a front end may name: forbidden by a restriction, no such
 # route, method not allowed, timed out, too large, header too large

@@ -1,6 +1,6 @@
 """Request tracing: sampling by the trace settings and Triton's trace JSON file (or OpenTelemetry).
 
-:class:`Tracer` reads the live :class:`~trident.trace.TraceSettings` (global and per model).
+:class:`Tracer` reads the live :class:`~trident.observability.trace.TraceSettings` (global and per model).
 ``trace_rate`` N traces every N-th request of a model (models without their own settings share
 the global counter), ``trace_count`` limits how many traces are collected (-1: no limit),
 ``trace_level`` TIMESTAMPS records REQUEST_START, QUEUE_START, COMPUTE_START,
@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from trident.trace import TraceSettings
-from trident.trace import parse_trace_config as parse_trace_config  # re-exported
+from trident.observability.trace import TraceSettings
+from trident.observability.trace import parse_trace_config as parse_trace_config  # re-exported
 
 if TYPE_CHECKING:
     from trident.types import InferenceRequest, InferenceResponse, Tensor
 
 
 class Traced(Protocol):
-    """What a trace needs of a finished request (trident.execution.Pending)."""
+    """What a trace needs of a finished request (trident.server.execution.Pending)."""
 
     request: InferenceRequest
     enqueued_ns: int

@@ -1,4 +1,4 @@
-"""trident.worker_threads: heavy jobs in worker threads, at low CPU priority, with a short GIL switch interval."""
+"""trident.server.worker_threads: heavy jobs in worker threads, at low CPU priority, with a short GIL switch interval."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 
 import trio
 
-from trident import worker_threads
+from trident.server import worker_threads
 
 
 async def test_a_job_runs_at_the_lowest_priority_and_a_short_switch_interval() -> None:

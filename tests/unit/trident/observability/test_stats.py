@@ -1,5 +1,5 @@
+from trident.observability.stats import Duration, StatsRecorder
 from trident.protocol import kserve
-from trident.stats import Duration, StatsRecorder
 
 
 def test_recorder_snapshot_shapes():

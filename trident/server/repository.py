@@ -1,6 +1,6 @@
 """Model repositories and model lifecycle: scan, load, reload, unload, index, poll.
 
-Every loaded :class:`~trident.model.ModelVersion` runs as a task in the repository's nursery
+Every loaded :class:`~trident.server.model.ModelVersion` runs as a task in the repository's nursery
 (which outlives the front ends). A load prepares the config in a worker thread, starts every
 selected version and only then swaps them in, so a failed (re)load leaves the versions that
 were serving untouched and a successful one loses no availability. A reload whose only change
@@ -18,7 +18,7 @@ worker threads (:mod:`trident.agents.lifecycle`): LOAD before the config is prep
 may hand over a copy of the files, which the config is then read from), LOAD_COMPLETE or
 LOAD_FAIL after, UNLOAD before the versions stop and UNLOAD_COMPLETE after, then their copies
 are removed. A ``--model-repository`` in object storage (``s3://``, ``gs://``, ``as://``,
-:mod:`trident.cloud_repository`) is listed in a worker thread at start-up, at each poll and
+:mod:`trident.server.cloud_repository`) is listed in a worker thread at start-up, at each poll and
 when an explicit load names a model not seen yet; each load downloads the model to a fresh
 local folder, removed after unload, and polling reloads a model only when its objects changed.
 """
@@ -47,13 +47,13 @@ from trident.batching.cache import ResponseCache, parse_cache_config
 from trident.batching.ensemble_plan import EnsemblePlan, build_plan, version_string
 from trident.batching.instances import counts_only_change
 from trident.batching.rate_limiter import RateLimiter
-from trident.cloud_repository import CloudRepository, Fingerprint, is_cloud_url, mount_directory_env
 from trident.config_validation import ENSEMBLE_PLATFORM, confine_model_files, validate_config
-from trident.devices import gpu_count
 from trident.errors import Code, TritonError, internal, invalid_arg, not_found, unavailable, unsupported
-from trident.logs import VERBOSE
-from trident.model import ModelVersion
+from trident.observability.logs import VERBOSE
 from trident.protocol.generated.inference import ModelConfig
+from trident.server.cloud_repository import CloudRepository, Fingerprint, is_cloud_url, mount_directory_env
+from trident.server.devices import gpu_count
+from trident.server.model import ModelVersion
 from trident.types import IndexEntry
 
 if TYPE_CHECKING:

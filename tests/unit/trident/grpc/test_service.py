@@ -18,10 +18,10 @@ from e2e.models import RAISES_CONFIG, RAISES_PY, SLOW_CONFIG, SLOW_PY, write_mod
 
 from trident.errors import GRPC_OK
 from trident.grpc.serve import serve_grpc, transport_config
+from trident.observability.stats import BatchStats, Duration, ModelStatistics
 from trident.options import ServerOptions
 from trident.protocol import grpc_messages
 from trident.server import open_server
-from trident.stats import BatchStats, Duration, ModelStatistics
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 

@@ -53,7 +53,7 @@ class TraceSettings:
             "trace_mode": "triton",
         }
         self.model_settings: dict[str, dict[str, Any]] = {}
-        #: bumped by every change (trident.tracing.Tracer re-reads the settings then)
+        #: bumped by every change (trident.observability.tracing.Tracer re-reads the settings then)
         self.generation = 0
 
     @classmethod

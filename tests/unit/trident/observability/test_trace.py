@@ -1,7 +1,7 @@
 import pytest
 
 from trident.errors import TritonError
-from trident.trace import TraceSettings
+from trident.observability.trace import TraceSettings
 
 
 def test_defaults_and_model_override_falls_back_to_global():

@@ -3,7 +3,7 @@ import logging
 import pytest
 
 from trident.errors import TritonError
-from trident.logs import LogSettings, TritonFormatter
+from trident.observability.logs import LogSettings, TritonFormatter
 
 
 def _record(level=logging.INFO, msg="hello"):

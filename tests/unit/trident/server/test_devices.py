@@ -1,4 +1,4 @@
-from trident.devices import gpu_count, visible
+from trident.server.devices import gpu_count, visible
 
 
 def test_visible_devices_rules():

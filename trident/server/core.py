@@ -17,16 +17,16 @@ import trio
 
 import trident
 from trident.errors import Code, TritonError, invalid_arg, unavailable, unsupported
-from trident.execution import abandon_running_calls
-from trident.logs import VERBOSE, LogSettings
-from trident.model import ModelVersion
+from trident.observability.logs import VERBOSE, LogSettings
+from trident.observability.stats import ModelStatistics
+from trident.observability.trace import TraceSettings
+from trident.observability.tracing import Tracer, parse_trace_config
 from trident.options import ServerOptions
 from trident.protocol.generated.inference import ModelConfig
-from trident.repository import ModelRepository
-from trident.shared_memory import SharedMemory
-from trident.stats import ModelStatistics
-from trident.trace import TraceSettings
-from trident.tracing import Tracer, parse_trace_config
+from trident.server.execution import abandon_running_calls
+from trident.server.model import ModelVersion
+from trident.server.repository import ModelRepository
+from trident.server.shared_memory import SharedMemory
 from trident.types import (
     IndexEntry,
     InferenceRequest,

@@ -1,4 +1,4 @@
-"""Trace sampling and Triton's trace JSON (trident.tracing)."""
+"""Trace sampling and Triton's trace JSON (trident.observability.tracing)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from trident.execution import Pending
-from trident.trace import TraceSettings
-from trident.tracing import Tracer, parse_trace_config
+from trident.observability.trace import TraceSettings
+from trident.observability.tracing import Tracer, parse_trace_config
+from trident.server.execution import Pending
 from trident.types import InferenceRequest, InferenceResponse, Tensor
 
 

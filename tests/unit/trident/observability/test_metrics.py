@@ -2,7 +2,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from trident.metrics import exposition
+from trident.observability.metrics import exposition
 
 
 class Fixed:

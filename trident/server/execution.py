@@ -32,7 +32,7 @@ from trident.errors import Code, TritonError, internal
 from trident.types import InferenceRequest, InferenceResponse, TensorSpec
 
 if TYPE_CHECKING:
-    from trident.stats import StatsRecorder
+    from trident.observability.stats import StatsRecorder
 
 
 log = logging.getLogger("trident.execution")
@@ -364,7 +364,7 @@ def abandon_running_calls(server: Any) -> int:
 
 
 class ExecutedModel(Protocol):
-    """What a :class:`BatchExecutor` needs of the model version it executes (trident.model.ModelVersion)."""
+    """What a :class:`BatchExecutor` needs of the model version it executes (trident.server.model.ModelVersion)."""
 
     name: str
     version: int

@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trident.batching.instances import instance_specs
 from trident.config import config_from_json
-from trident.metrics import ModelStatsCollector, exposition, make_registry
-from trident.model_metrics import (
+from trident.observability.metrics import ModelStatsCollector, exposition, make_registry
+from trident.observability.model_metrics import (
     DEFAULT_QUANTILES,
     LatencyObserver,
     MetricsConfig,

@@ -41,12 +41,12 @@ from trident.batching.scheduler import Scheduler
 from trident.batching.warmup import WarmupSample, warm_up, warmup_samples
 from trident.config import INLINE_MODES, INLINE_PARAMETER
 from trident.errors import Code, TritonError, internal, unavailable
-from trident.execution import BatchExecutor, Pending
-from trident.model_metrics import observer_for
+from trident.observability.model_metrics import observer_for
+from trident.observability.stats import BACKEND, CANCELED, OTHER, REJECTED, StatsRecorder
 from trident.protocol.generated.inference import ModelConfig
-from trident.stats import BACKEND, CANCELED, OTHER, REJECTED, StatsRecorder
+from trident.server.execution import BatchExecutor, Pending
+from trident.server.worker_threads import open_thread_nursery
 from trident.types import InferenceRequest, InferenceResponse
-from trident.worker_threads import open_thread_nursery
 
 log = logging.getLogger("trident.model")
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import trio
 
-from trident.execution import Pending, Window
+from trident.server.execution import Pending, Window
 from trident.types import InferenceRequest, InferenceResponse, Tensor
 
 

@@ -17,10 +17,15 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from trident.backends.metrics import custom_metrics_for
-from trident.host_metrics import CpuMetrics, GpuMetrics
 from trident.http.app import answer_lifespan
-from trident.model_metrics import SUMMARY_KINDS, model_gpu_uuid, model_labels, parse_metrics_config
-from trident.stats import FAILURE_REASONS
+from trident.observability.host_metrics import CpuMetrics, GpuMetrics
+from trident.observability.model_metrics import (
+    SUMMARY_KINDS,
+    model_gpu_uuid,
+    model_labels,
+    parse_metrics_config,
+)
+from trident.observability.stats import FAILURE_REASONS
 
 if TYPE_CHECKING:
     from trident.server import Server

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from trident.host_metrics import CpuMetrics, GpuMetrics
-from trident.metrics import exposition
+from trident.observability.host_metrics import CpuMetrics, GpuMetrics
+from trident.observability.metrics import exposition
 
 
 def scrape(*collectors):

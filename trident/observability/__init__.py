@@ -1,0 +1,7 @@
+"""Observability: statistics, metrics, logging and tracing.
+
+Modules: :mod:`.stats` (per-version statistics and their snapshots), :mod:`.model_metrics`
+(per-model latency summaries and histograms), :mod:`.metrics` (the Prometheus endpoint),
+:mod:`.host_metrics` (CPU and GPU gauges), :mod:`.logs` (Triton's log format and settings),
+:mod:`.trace` and :mod:`.tracing` (trace settings, request traces, OpenTelemetry).
+"""
