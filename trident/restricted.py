@@ -19,6 +19,10 @@ from __future__ import annotations
 import hmac
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trident.options import ServerOptions
 
 #: the API groups, in Triton's spelling
 CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
@@ -80,12 +84,11 @@ class Restrictions:
         return cls(out)
 
 
-def http_restrictions(options: object) -> Restrictions:
+def http_restrictions(options: ServerOptions) -> Restrictions:
     """The HTTP front end's restrictions from server options. Raises ValueError."""
-    return Restrictions.parse(getattr(options, "http_restricted_api", []) or [], "--http-restricted-api")
+    return Restrictions.parse(options.http_restricted_api, "--http-restricted-api")
 
 
-def grpc_restrictions(options: object) -> Restrictions:
+def grpc_restrictions(options: ServerOptions) -> Restrictions:
     """The gRPC front end's restrictions from server options. Raises ValueError."""
-    return Restrictions.parse(getattr(options, "grpc_restricted_protocol", []) or [],
-                              "--grpc-restricted-protocol", GRPC_HEADER_PREFIX)
+    return Restrictions.parse(options.grpc_restricted_protocol, "--grpc-restricted-protocol", GRPC_HEADER_PREFIX)

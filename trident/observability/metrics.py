@@ -59,7 +59,7 @@ class ModelStatsCollector(Collector):
     def __init__(self, server: Server, uuid_by_index: dict[int, str] | None = None) -> None:
         self.server = server
         self.uuid_by_index = uuid_by_index or {}
-        self.config = parse_metrics_config(list(getattr(server.options, "metrics_config", []) or []))
+        self.config = parse_metrics_config(list(server.options.metrics_config))
 
     def labels_of(self, mv: Any) -> dict[str, str]:
         """model, version, gpu_uuid (KIND_GPU instances on a known GPU) and ``_<metric_tag>``."""

@@ -8,9 +8,12 @@ read and change.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trident.errors import TritonError, invalid_arg
+
+if TYPE_CHECKING:
+    from trident.options import ServerOptions
 
 _LEVELS = {"OFF", "TIMESTAMPS", "TENSORS"}
 _KEYS = ("trace_file", "trace_level", "trace_rate", "trace_count", "log_frequency", "trace_mode")
@@ -57,10 +60,10 @@ class TraceSettings:
         self.generation = 0
 
     @classmethod
-    def from_options(cls, options: Any) -> TraceSettings:
+    def from_options(cls, options: ServerOptions) -> TraceSettings:
         """Settings with ``--trace-config`` applied; raises ValueError for a bad entry."""
         settings = cls()
-        changes, _ = parse_trace_config(list(getattr(options, "trace_config", []) or []))
+        changes, _ = parse_trace_config(list(options.trace_config))
         if changes:
             settings.update("", changes)
         return settings

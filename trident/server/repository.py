@@ -150,7 +150,7 @@ class ModelRepository:
         self._records: dict[str, _Record] = {}
         #: server-wide, shared by every model version (None when off / not configured)
         self.rate_limiter = RateLimiter.from_options(options)
-        self.response_cache = ResponseCache.from_config(parse_cache_config(getattr(options, "cache_config", ())))
+        self.response_cache = ResponseCache.from_config(parse_cache_config(options.cache_config))
         self._ensemble_loads = trio.Lock()
         #: worker threads for repository agents, cloud listing and downloads, file removal
         self._io_limiter = trio.CapacityLimiter(max(2, options.model_load_thread_count))
