@@ -296,7 +296,10 @@ def test_analyze_against_a_running_server_restores_the_config(repo: Path, tmp_pa
         proc = subprocess.Popen([sys.executable, "-m", "trident", "analyze", "-u", s.http_url, "-m", "add_sub",
                                  "--instance-count", "2,3,4", "--output-dir", str(tmp_path / "r2"),
                                  "-p", "300", "-r", "50", "-s", "0.0001", "--concurrency", "1"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                # a test run started in the background of a non-interactive shell
+                                # inherits SIGINT ignored; Ctrl-C is what is tested, so restore it
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         assert proc.stdout is not None
         assert "loading" in proc.stdout.readline()
         time.sleep(1.5)
