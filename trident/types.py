@@ -61,6 +61,11 @@ class RequestedOutput:
     parameters: dict[str, ParamValue] = field(default_factory=dict)
 
 
+#: guards every request's cancel flag against its on_cancel callbacks: one lock for all requests
+#: (held for a few instructions, and only by cancel() and on_cancel(): no allocation per request)
+_CANCEL_LOCK = threading.Lock()
+
+
 @dataclass(eq=False)
 class InferenceRequest:
     """One inference request as every layer of trident sees it.
@@ -91,7 +96,6 @@ class InferenceRequest:
     #: request's responses are waiting to be consumed (ensemble ``max_inflight_requests``)
     response_window: int = 0
     _on_cancel: list[Callable[[], None]] | None = field(default=None, repr=False)
-    _cancel_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def input(self, name: str) -> Tensor | None:
         for t in self.inputs:
@@ -104,18 +108,18 @@ class InferenceRequest:
         (idempotent, callable from any thread; the callbacks run on the caller's thread)."""
         if self.cancelled:
             return
-        with self._cancel_lock:
+        with _CANCEL_LOCK:
             if self.cancelled:
                 return
             self.cancelled = True
-            callbacks, self._on_cancel = self._on_cancel or [], None
-        for callback in callbacks:
+            callbacks, self._on_cancel = self._on_cancel, None
+        for callback in callbacks or ():
             callback()
 
     def on_cancel(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` when the request is cancelled (now, on this thread, if it already
         is). It must not block: it runs on the thread that cancels (often the event loop)."""
-        with self._cancel_lock:
+        with _CANCEL_LOCK:
             if not self.cancelled:
                 if self._on_cancel is None:
                     self._on_cancel = []

@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import logging
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -35,6 +34,7 @@ import trio
 from trident.config import config_to_json
 from trident.errors import HTTP_NOT_READY, invalid_arg, unsupported
 from trident.http import generate
+from trident.http.asgi import ASGIApp, Receive, Scope, Send
 from trident.http.infer import JSON, Disconnected, HTTPError, InferEndpoint, error_reply, too_large
 from trident.openai.app import PREFIX as OPENAI_PREFIX
 from trident.openai.app import make_openai_app
@@ -46,11 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trident.http")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _MODEL_RE = re.compile(
     r"/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?"

@@ -54,7 +54,8 @@ from urllib.parse import unquote_to_bytes
 
 import trio
 
-from trident.http.app import ASGIApp, Message, make_app
+from trident.http.app import make_app
+from trident.http.asgi import ASGIApp, Message
 from trident.http.infer import JSON, Disconnected, HTTPError, InferEndpoint, too_large
 from trident.listening import TcpListener, open_tcp_listeners, serve_listener
 from trident.protocol import kserve

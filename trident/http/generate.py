@@ -17,12 +17,13 @@ serves it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from trident.errors import TritonError, generate_http_status, internal
+from trident.http.asgi import Receive, Send
 from trident.protocol import generate as codec
 from trident.protocol import kserve
 from trident.types import InferenceRequest, InferenceResponse
@@ -32,9 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trident.http")
 
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
 _ONE_RESPONSE = (
@@ -50,15 +48,18 @@ class ClientGone(Exception):
 # ---- serving -----------------------------------------------------------------------------------
 
 
-async def _run(server: Server, request: InferenceRequest, receive: Receive,
-               send_response: Callable[[InferenceResponse], Awaitable[None]]) -> None:
-    """``server.infer_stream`` next to a task that cancels it when the client disconnects.
+async def infer_watching(server: Server, request: InferenceRequest, receive: Receive,
+                        on_response: Callable[[InferenceResponse], Awaitable[None]]) -> None:
+    """``server.infer_stream(request, on_response)`` next to a task that cancels it when the
+    client disconnects (or ``on_response`` raises ClientGone). When ``on_response`` raises a
+    TritonError, the inference is cancelled and that error raised.
 
-    Raises what ``infer_stream`` raises, and ClientGone after a disconnect.
+    Raises what ``infer_stream`` and ``on_response`` raise, and ClientGone after a disconnect.
     """
     inference = trio.CancelScope()
     gone = False
     error: BaseException | None = None
+    refused: TritonError | None = None
 
     async def watch() -> None:
         nonlocal gone
@@ -70,15 +71,20 @@ async def _run(server: Server, request: InferenceRequest, receive: Receive,
                 return
 
     async def guarded(response: InferenceResponse) -> None:
-        nonlocal gone
+        nonlocal gone, refused
+        if gone or refused is not None:
+            return
         try:
-            await send_response(response)
+            await on_response(response)
         except ClientGone:
             gone = True
             inference.cancel()
+        except TritonError as e:
+            refused = e
+            inference.cancel()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch, name="trident.http.generate.watch_disconnect")
+        nursery.start_soon(watch, name="trident.http.watch_disconnect")
         try:
             with inference:
                 await server.infer_stream(request, guarded)
@@ -89,9 +95,12 @@ async def _run(server: Server, request: InferenceRequest, receive: Receive,
         raise error
     if gone:
         raise ClientGone
+    if refused is not None:
+        raise refused
 
 
-async def _send_body(send: Send, body: bytes, more: bool) -> None:
+async def send_body(send: Send, body: bytes, more: bool = True) -> None:
+    """One ASGI body message. Raises ClientGone when the connection is gone."""
     try:
         await send({"type": "http.response.body", "body": body, "more_body": more})
     except trio.Cancelled:
@@ -112,7 +121,7 @@ async def generate(server: Server, receive: Receive, send: Send, request: Infere
         if not codec.flag_only(response):
             responses.append(response)
 
-    await _run(server, request, receive, keep)
+    await infer_watching(server, request, receive, keep)
     for response in responses:
         if response.error is not None:
             raise response.error
@@ -121,7 +130,7 @@ async def generate(server: Server, receive: Receive, send: Send, request: Infere
     body = kserve.dumps(codec.response_json(responses[0]))
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
-    await _send_body(send, body, False)
+    await send_body(send, body, False)
 
 
 async def generate_stream(server: Server, receive: Receive, send: Send, request: InferenceRequest) -> None:
@@ -142,7 +151,7 @@ async def generate_stream(server: Server, receive: Receive, send: Send, request:
                 raise
             except Exception as e:
                 raise ClientGone from e
-        await _send_body(send, b"data: " + kserve.dumps(payload) + b"\n\n", True)
+        await send_body(send, b"data: " + kserve.dumps(payload) + b"\n\n", True)
 
     async def emit(response: InferenceResponse) -> None:
         if codec.flag_only(response):
@@ -157,7 +166,7 @@ async def generate_stream(server: Server, receive: Receive, send: Send, request:
         await event(payload)
 
     try:
-        await _run(server, request, receive, emit)
+        await infer_watching(server, request, receive, emit)
     except TritonError as e:
         if not started:
             raise
@@ -165,7 +174,7 @@ async def generate_stream(server: Server, receive: Receive, send: Send, request:
     if not started:  # only a flag-only final response: an empty stream
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", SSE_CONTENT_TYPE), (b"cache-control", b"no-cache")]})
-    await _send_body(send, b"", False)
+    await send_body(send, b"", False)
 
 
 async def handle(server: Server, receive: Receive, send: Send, name: str, version: str,

@@ -22,31 +22,26 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import trio
 
 from trident.errors import Code, TritonError, http_status
-from trident.http.generate import ClientGone
+from trident.http.asgi import ASGIApp, Receive, Scope, Send
+from trident.http.generate import ClientGone, infer_watching, send_body
 from trident.http.infer import HTTPError
 from trident.openai import api
 from trident.openai.template import Assets, load_assets
 from trident.protocol import kserve
 from trident.protocol.generate import flag_only
-from trident.types import InferenceRequest, InferenceResponse
+from trident.types import InferenceResponse
 
 if TYPE_CHECKING:
     from trident.server import Server
 
 log = logging.getLogger("trident.openai")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PREFIX = "/v1"
 _MODEL_RE = re.compile(r"/v1/models/([^/]+)")
@@ -97,66 +92,6 @@ async def _send_json(send: Send, value: Any, status: int = 200) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [*api.JSON_HEADERS, (b"content-length", b"%d" % len(body))]})
     await send({"type": "http.response.body", "body": body})
-
-
-async def _send_body(send: Send, body: bytes, more: bool = True) -> None:
-    try:
-        await send({"type": "http.response.body", "body": body, "more_body": more})
-    except trio.Cancelled:
-        raise
-    except Exception as e:  # the connection is gone
-        raise ClientGone from e
-
-
-async def _run_watching(server: Server, request: InferenceRequest, receive: Receive,
-                        on_response: Callable[[InferenceResponse], Awaitable[None]]) -> None:
-    """``server.infer_stream(request, on_response)`` next to a task that cancels it when the
-    client disconnects (or ``on_response`` raises ClientGone). When ``on_response`` raises a
-    TritonError, the inference is cancelled and that error raised.
-
-    Raises what ``infer_stream`` and ``on_response`` raise, and ClientGone after a disconnect.
-    """
-    inference = trio.CancelScope()
-    gone = False
-    error: BaseException | None = None
-    refused: TritonError | None = None
-
-    async def watch() -> None:
-        nonlocal gone
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                gone = True
-                inference.cancel()
-                return
-
-    async def guarded(response: InferenceResponse) -> None:
-        nonlocal gone, refused
-        if gone or refused is not None:
-            return
-        try:
-            await on_response(response)
-        except ClientGone:
-            gone = True
-            inference.cancel()
-        except TritonError as e:
-            refused = e
-            inference.cancel()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(watch, name="trident.openai.watch_disconnect")
-        try:
-            with inference:
-                await server.infer_stream(request, guarded)
-        except Exception as exc:  # re-raised outside the nursery (no ExceptionGroup)
-            error = exc
-        nursery.cancel_scope.cancel()
-    if error is not None:
-        raise error
-    if gone:
-        raise ClientGone
-    if refused is not None:
-        raise refused
 
 
 def make_openai_app(server: Server, *, max_body: int = api.MAX_BODY_BYTES,
@@ -230,7 +165,7 @@ def make_openai_app(server: Server, *, max_body: int = api.MAX_BODY_BYTES,
                     raise response.error
                 keep_text(api.output_text(response.outputs))
 
-            await _run_watching(server, request, receive, keep)
+            await infer_watching(server, request, receive, keep)
             count = await tokens()
             use = api.usage(prompt_tokens, count if assets.tokenizer is not None else None)
             await _send_json(send, api.response_object(gen, rid, created_now(), "".join(pieces),
@@ -250,7 +185,7 @@ def make_openai_app(server: Server, *, max_body: int = api.MAX_BODY_BYTES,
             except Exception as e:
                 raise ClientGone from e
             if gen.chat:
-                await _send_body(send, api.sse(api.chunk(gen, rid, stamp, "", first=True)))
+                await send_body(send, api.sse(api.chunk(gen, rid, stamp, "", first=True)))
 
         async def emit(response: InferenceResponse) -> None:
             if flag_only(response):
@@ -262,14 +197,14 @@ def make_openai_app(server: Server, *, max_body: int = api.MAX_BODY_BYTES,
             if not started:
                 await start()
             if text:
-                await _send_body(send, api.sse(api.chunk(gen, rid, stamp, text)))
+                await send_body(send, api.sse(api.chunk(gen, rid, stamp, text)))
 
         try:
-            await _run_watching(server, request, receive, emit)
+            await infer_watching(server, request, receive, emit)
         except TritonError as e:
             if not started:
                 raise
-            await _send_body(send, api.sse(api.error_of(e)[1]), False)
+            await send_body(send, api.sse(api.error_of(e)[1]), False)
             return
         if not started:
             await start()
@@ -279,7 +214,7 @@ def make_openai_app(server: Server, *, max_body: int = api.MAX_BODY_BYTES,
         if gen.include_usage:
             use = api.usage(prompt_tokens, count if assets.tokenizer is not None else None)
             body += api.sse(api.usage_chunk(gen, rid, stamp, use))
-        await _send_body(send, body + api.DONE, False)
+        await send_body(send, body + api.DONE, False)
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]

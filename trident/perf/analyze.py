@@ -23,13 +23,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trident.perf.control import http_json
 from trident.perf.options import PerfOptions
 from trident.perf.wire import PerfError
 
@@ -177,22 +176,7 @@ class _Server:
         self.grpc_url = ""
 
     def call(self, path: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"http://{self.url}{path}", data=data, method="GET" if body is None else "POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                raw = r.read(64 << 20)
-        except urllib.error.HTTPError as e:
-            text = e.read(4096).decode(errors="replace")
-            try:
-                text = json.loads(text).get("error", text)
-            except ValueError:
-                pass
-            raise PerfError(f"{path}: HTTP {e.code}: {text}") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise PerfError(f"cannot reach the server at {self.url}: {getattr(e, 'reason', e)}") from None
-        return json.loads(raw) if raw else {}
+        return http_json(f"http://{self.url}", path, body, timeout)
 
     def load(self, model: str, config: dict[str, Any] | None) -> None:
         params = {"parameters": {"config": json.dumps(config)}} if config is not None else {}

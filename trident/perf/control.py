@@ -8,6 +8,7 @@ one-line message (unreachable server, unknown model, an error the server returne
 
 from __future__ import annotations
 
+import abc
 import json
 import socket
 import time
@@ -25,23 +26,46 @@ _SERVICE = "/inference.GRPCInferenceService/"
 _MAX_REPLY = 64 << 20
 
 
-class Control:
+def http_json(base: str, path: str, body: dict[str, Any] | None, timeout: float, limit: int = _MAX_REPLY) -> Any:
+    """GET ``base + path`` (POST ``body`` as JSON when given) and decode the JSON answer.
+
+    Raises PerfError with the server's error message for an HTTP error, and when the server
+    cannot be reached."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, method="GET" if body is None else "POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read(limit)
+    except urllib.error.HTTPError as e:
+        text = e.read(4096).decode(errors="replace")
+        try:
+            text = json.loads(text).get("error", text)
+        except ValueError:
+            pass
+        raise PerfError(f"{path}: HTTP {e.code}: {text}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise PerfError(f"cannot reach the server at {base}: {getattr(e, 'reason', e)}") from None
+    return json.loads(raw) if raw else {}
+
+
+class Control(abc.ABC):
     """Common surface of the HTTP and gRPC control clients."""
 
-    def model_info(self, model: str, version: str) -> ModelInfo:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def model_info(self, model: str, version: str) -> ModelInfo: ...
 
-    def stats(self, model: str, version: str) -> ServerStats:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def stats(self, model: str, version: str) -> ServerStats: ...
 
-    def register_system_shm(self, name: str, key: str, size: int) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def register_system_shm(self, name: str, key: str, size: int) -> None: ...
 
-    def unregister_system_shm(self, name: str) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def unregister_system_shm(self, name: str) -> None: ...
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - optional hook: an HTTP control holds no connection
+        """Release the connection (the gRPC control's)."""
 
 
 def _split(url: str, default_port: int) -> tuple[str, int]:
@@ -71,23 +95,7 @@ class HTTPControl(Control):
         self.timeout = timeout_s
 
     def _call(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method="GET" if body is None else "POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                raw = r.read(_MAX_REPLY)
-        except urllib.error.HTTPError as e:
-            text = e.read(4096).decode(errors="replace")
-            try:
-                text = json.loads(text).get("error", text)
-            except ValueError:
-                pass
-            raise PerfError(f"{path}: HTTP {e.code}: {text}") from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise PerfError(f"cannot reach the server at {self.base}: {reason}") from None
-        return json.loads(raw) if raw else {}
+        return http_json(self.base, path, body, self.timeout)
 
     def model_info(self, model: str, version: str) -> ModelInfo:
         prefix = f"/v2/models/{model}" + (f"/versions/{version}" if version else "")

@@ -63,6 +63,12 @@ class _InProcessControl(Control):
 
         return server_stats_from_json(kserve.statistics_json(entries), version)
 
+    def register_system_shm(self, name: str, key: str, size: int) -> None:
+        raise PerfError("--shared-memory does not apply to --in-process (there is no transport)")
+
+    def unregister_system_shm(self, name: str) -> None:
+        raise PerfError("--shared-memory does not apply to --in-process (there is no transport)")
+
 
 class _InProcessLoad:
     """The worker-process interface of the engine (``procs``, ``pipes``, ``seen_ns``,
