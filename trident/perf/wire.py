@@ -328,6 +328,9 @@ class H2Connection:
         self._templates: dict[tuple[str, bytes], tuple[bytearray, int]] = {}
         self._header_buf: dict[int, tuple[bytearray, int]] = {}
         self.messages: dict[int, bytearray] = {}
+        #: a successful unary answer that came in one read: (its bytes, where its frames' stream
+        #: ids are, its DATA length), see :func:`_whole_answer`
+        self._answer: tuple[bytearray, tuple[int, ...], int] | None = None
 
     def initiate(self) -> bytes:
         settings = struct.pack(">HI", 0x2, 0) + struct.pack(">HI", 0x4, _OUR_WINDOW)
@@ -432,6 +435,21 @@ class H2Connection:
         return out
 
     def receive(self, data: bytes) -> list[H2Event]:
+        answer = self._answer
+        if answer is not None and not self._in and len(data) == len(answer[0]):
+            # the same whole answer again (a unary call's HEADERS, DATA and trailers in one read,
+            # byte for byte but the stream id): its blocks leave the HPACK table as it is, so
+            # nothing needs decoding (as HTTPResponseReader does for HTTP/1.1)
+            buf, positions, data_length = answer
+            sid = data[5:9]
+            for at in positions:
+                buf[at:at + 4] = sid
+            if buf == data:
+                stream = int.from_bytes(sid, "big") & 0x7FFFFFFF
+                if self._streams.pop(stream, None) is not None:
+                    self._count_data(data_length)
+                    return [H2Event(stream, 0, "")]
+        fresh = not self._in
         self._in += data
         events: list[H2Event] = []
         buf = self._in
@@ -444,16 +462,22 @@ class H2Connection:
             payload = bytes(buf[9:9 + length])
             del buf[:9 + length]
             self._frame_in(kind, flags, stream, payload, events)
+        if fresh and not buf and answer is None and not self.keep_data and not self.collect_messages \
+                and len(events) == 1 and events[0].status == 0 and len(data) <= 4096:
+            self._answer = _whole_answer(data, events[0].stream)
         return events
+
+    def _count_data(self, n: int) -> None:
+        self._unacked += n
+        if self._unacked > (1 << 28):
+            self._out += _frame(_WINDOW, 0, 0, struct.pack(">I", self._unacked))
+            self._unacked = 0
 
     def _frame_in(self, kind: int, flags: int, stream: int, payload: bytes, events: list[H2Event]) -> None:
         if kind == _DATA:
             if flags & 0x8:  # padded
                 payload = payload[1:len(payload) - payload[0]]
-            self._unacked += len(payload) + (0 if not flags & 0x8 else 0)
-            if self._unacked > (1 << 28):
-                self._out += _frame(_WINDOW, 0, 0, struct.pack(">I", self._unacked))
-                self._unacked = 0
+            self._count_data(len(payload))
             s = self._streams.get(stream)
             if s is not None:
                 if self.collect_messages:
@@ -524,8 +548,10 @@ class H2Connection:
                            for k, v in self._decoder.decode(block)]
             except hpack.HPACKError as e:
                 raise PerfError(f"bad HPACK block from the server: {e}") from None
-            if not _indexed_only(block):
-                self._header_cache.clear()  # the block may have changed the dynamic table
+            if not _table_neutral(block):
+                # the block may have changed the dynamic table: the same bytes may mean other headers
+                self._header_cache.clear()
+                self._answer = None
             elif len(self._header_cache) < 512:
                 self._header_cache[block] = headers
         s = self._streams.get(stream)
@@ -552,19 +578,76 @@ class H2Connection:
                               s.message or ("" if s.status is not None else "no grpc-status"), body))
 
 
-def _indexed_only(block: bytes) -> bool:
-    """Whether an HPACK block is only indexed fields: it leaves the dynamic table as it is, so
-    while the table does not change the same bytes mean the same headers."""
-    i, n = 0, len(block)
-    while i < n:
-        if not block[i] & 0x80:
-            return False
-        if block[i] & 0x7F == 0x7F:
-            i += 1
-            while i < n and block[i] & 0x80:
-                i += 1
+def _hpack_int(block: bytes, i: int, prefix: int) -> tuple[int, int]:
+    """An HPACK integer (RFC 7541 §5.1) whose first byte is ``block[i]``: (value, next index)."""
+    mask = (1 << prefix) - 1
+    value = block[i] & mask
+    i += 1
+    if value < mask:
+        return value, i
+    shift = 0
+    while i < len(block):
+        b = block[i]
         i += 1
-    return True
+        value += (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return value, i
+    raise IndexError("truncated HPACK integer")
+
+
+def _table_neutral(block: bytes) -> bool:
+    """Whether an HPACK block leaves the dynamic table as it is (RFC 7541 §6): only indexed
+    fields and literals without indexing or never indexed, no size update. While the table does
+    not change, the same bytes mean the same headers."""
+    i, n = 0, len(block)
+    try:
+        while i < n:
+            b = block[i]
+            if b & 0x80:  # indexed field (§6.1)
+                _, i = _hpack_int(block, i, 7)
+                continue
+            if b & 0xE0:  # incremental indexing (§6.2.1) or a table size update (§6.3)
+                return False
+            index, i = _hpack_int(block, i, 4)  # without indexing / never indexed (§6.2.2, §6.2.3)
+            for _ in range(1 if index else 2):  # the name when not indexed, then the value
+                length, i = _hpack_int(block, i, 7)
+                i += length
+        return i == n
+    except IndexError:
+        return False
+
+
+def _whole_answer(data: bytes, stream: int) -> tuple[bytearray, tuple[int, ...], int] | None:
+    """``data`` as a template for the same answer on another stream, when it is exactly one
+    unary call's answer on ``stream``: HEADERS, DATA frames, trailing HEADERS with END_STREAM,
+    nothing padded or prioritised, both header blocks table-neutral. None otherwise."""
+    positions: list[int] = []
+    kinds: list[tuple[int, int]] = []
+    data_length = 0
+    i = 0
+    while i + 9 <= len(data):
+        length = int.from_bytes(data[i:i + 3], "big")
+        kind, flags = data[i + 3], data[i + 4]
+        if int.from_bytes(data[i + 5:i + 9], "big") & 0x7FFFFFFF != stream or i + 9 + length > len(data):
+            return None
+        payload = data[i + 9:i + 9 + length]
+        if kind == _HEADERS:
+            if flags & 0x28 or not flags & _END_HEADERS or not _table_neutral(payload):
+                return None
+        elif kind == _DATA:
+            if flags & (0x8 | _END_STREAM):
+                return None
+            data_length += length
+        else:
+            return None
+        positions.append(i + 5)
+        kinds.append((kind, flags & _END_STREAM))
+        i += 9 + length
+    if i != len(data) or len(kinds) < 3 or kinds[0] != (_HEADERS, 0) or kinds[-1] != (_HEADERS, _END_STREAM) \
+            or any(k != (_DATA, 0) for k in kinds[1:-1]):
+        return None
+    return bytearray(data), tuple(positions), data_length
 
 
 def _unpercent(text: str) -> str:

@@ -148,3 +148,71 @@ def test_h2_client_reports_resets_and_goaway():
     server.close_connection(error_code=2)
     with pytest.raises(PerfError, match="GOAWAY"):
         c.receive(server.data_to_send())
+
+
+def _answer(server: h2.connection.H2Connection, sid: int, status: str = "0", body: bytes = b"ok") -> bytes:
+    server.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
+    server.send_data(sid, b"\x00" + struct.pack(">I", len(body)) + body)
+    server.send_headers(sid, [("grpc-status", status)], end_stream=True)
+    return server.data_to_send()
+
+
+def test_h2_client_recognises_a_repeated_answer_whole():
+    """A unary answer that repeats byte for byte (but the stream id) ends its call without
+    decoding, and anything else (another status, another body) is decoded in full."""
+    c = H2Connection("h:1")
+    server = _server()
+    payload = b"\x0a\x01x"
+    sid, data = c.unary("/m", payload)
+    server.receive_data(c.initiate() + data)
+    c.receive(server.data_to_send())  # SETTINGS and its ACK
+    assert [(e.stream, e.status) for e in c.receive(_answer(server, sid))] == [(sid, 0)]
+    for _ in range(3):  # the second answer becomes the template, later ones match it
+        sid, data = c.unary("/m", payload)
+        server.receive_data(data)
+        assert [(e.stream, e.status) for e in c.receive(_answer(server, sid))] == [(sid, 0)]
+        assert c.open_streams == 0
+    assert c._answer is not None
+    sid, data = c.unary("/m", payload)
+    server.receive_data(data)
+    assert [(e.stream, e.status) for e in c.receive(_answer(server, sid, status="3"))] == [(sid, 3)]
+    sid, data = c.unary("/m", payload)
+    server.receive_data(data)
+    assert [(e.stream, e.status) for e in c.receive(_answer(server, sid, body=b"no"))] == [(sid, 0)]
+
+
+def test_h2_client_drops_its_template_when_the_table_changes():
+    """The template's index bytes mean other headers once a block adds to the dynamic table."""
+    import hpack
+
+    enc = hpack.Encoder()
+
+    def frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", sid) + payload
+
+    def answer(sid: int, status: str) -> bytes:
+        return (frame(1, 4, sid, enc.encode([(":status", "200")])) + frame(0, 0, sid, b"\x00\x00\x00\x00\x00")
+                + frame(1, 5, sid, enc.encode([("grpc-status", status)])))
+
+    c = H2Connection("h:1")
+    got = []
+    for status in ("0", "0", "0", "7", "7", "0"):
+        sid, _ = c.unary("/m", b"")
+        raw = answer(sid, status)
+        got.append([e.status for e in c.receive(raw)])
+    # the third "0" matched the template whole; the second "7" is the template's bytes exactly
+    # (grpc-status 7 took index 62, where "grpc-status: 0" was), and must still read as 7
+    assert got == [[0], [0], [0], [7], [7], [0]]
+
+
+def test_table_neutral_hpack_blocks():
+    from trident.perf.wire import _table_neutral, _whole_answer
+
+    assert _table_neutral(b"\x88\xc0\xbf")  # indexed fields only
+    assert _table_neutral(b"\x0f\x10\x01" + b"0")  # literal without indexing, indexed name (index 31)
+    assert _table_neutral(b"\x10\x03abc\x01x")  # never indexed, literal name
+    assert not _table_neutral(b"\x40\x03abc\x01x")  # incremental indexing adds an entry
+    assert not _table_neutral(b"\x3f\xe1\x1f")  # a table size update
+    assert not _table_neutral(b"\x00\x05ab")  # truncated string
+    frame = struct.pack(">I", 3)[1:] + bytes([1, 4]) + struct.pack(">I", 3)
+    assert _whole_answer(frame + b"\x88\xc0\xbf", 3) is None  # no DATA and trailers
