@@ -3,10 +3,16 @@
 Front ends decode the wire into :class:`InferenceRequest` (tensors as numpy arrays, decoded
 once at the edge), schedulers and backends pass the same objects along, and responses come
 back as :class:`InferenceResponse` through the request's response channel.
+:class:`SharedRegionMapping` / :func:`shared_region_of` let a backend see that an input is a
+view of a client's shared-memory region (the process-isolated Python backend passes such
+inputs to the model process by reference).
 """
 
 from __future__ import annotations
 
+import itertools
+import mmap
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -250,3 +256,71 @@ class IndexEntry:
     version: str = ""
     state: str = ""
     reason: str = ""
+
+
+# ---- client shared memory, as data a backend can read ----------------------------------------
+
+_REGION_SERIALS = itertools.count(1)
+_REGION_LOCK = threading.Lock()  # guards every SharedRegionMapping's file descriptor
+
+
+class SharedRegionMapping(mmap.mmap):
+    """The server's mapping of one registered system shared-memory region (from byte 0 of the
+    object to the end of the registered range), made by :mod:`trident.server.shared_memory`.
+
+    Inputs read from a region are numpy views of this mapping (through a memoryview), so a
+    backend that runs models in another process can find out, with :func:`shared_region_of`,
+    that a tensor already lies in shared memory and hand that process the file instead of the
+    bytes. ``serial`` is unique to one registration in this server process (a region registered
+    again under the same name gets a new one), ``length`` is the mapped size and ``address``
+    where the mapping starts. The mapping keeps a read-only descriptor of the object while the
+    region is registered: :meth:`dup_file` gives a copy of it, :meth:`release_file` (at
+    unregistration) closes it, after which :attr:`file_released` is True.
+    """
+
+    serial = 0
+    length = 0
+    address = 0
+    _fd = -1
+
+    def attach_file(self, fd: int) -> None:
+        """Take ownership of ``fd`` (the object, opened read-only) and number this mapping."""
+        self.serial = next(_REGION_SERIALS)
+        self.length = len(self)
+        self.address = int(np.frombuffer(self, np.uint8, count=1).ctypes.data)  # the view is freed at once
+        self._fd = fd
+
+    def dup_file(self) -> int | None:
+        """A new descriptor of the object (the caller closes it); None once released."""
+        with _REGION_LOCK:
+            return None if self._fd < 0 else os.dup(self._fd)
+
+    def release_file(self) -> None:
+        """Close the descriptor (idempotent); views of the mapping stay valid."""
+        with _REGION_LOCK:
+            fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    @property
+    def file_released(self) -> bool:
+        return self._fd < 0
+
+
+def shared_region_of(array: np.ndarray) -> tuple[SharedRegionMapping, int] | None:
+    """The registered region ``array`` is a view of and the byte offset of its first element in
+    the region's mapping, or None: it views no region, is not one C-contiguous run of bytes, is
+    empty, or holds objects (BYTES)."""
+    if array.dtype.hasobject or not array.flags.c_contiguous or array.nbytes == 0:
+        return None
+    base: Any = array.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    if not isinstance(base, SharedRegionMapping) or not base.serial:
+        return None
+    offset = int(array.__array_interface__["data"][0]) - base.address
+    if offset < 0 or offset + array.nbytes > base.length:
+        return None
+    return base, offset

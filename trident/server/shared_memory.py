@@ -13,6 +13,11 @@ region. :class:`SharedMemory` is the one registry both front ends call:
 * a mapping lives as long as something uses it: unregistering removes the name at once, and
   the pages are unmapped when the last request holding a view of them is done (a running
   request never loses its memory);
+* a mapping is a :class:`trident.types.SharedRegionMapping`: it also keeps a read-only
+  descriptor of the object while the region is registered (closed at unregistration), so a
+  backend that runs models in another process (the process-isolated Python backend) can find
+  that an input is a view of a region (:func:`trident.types.shared_region_of`) and pass the
+  model process the file, offset and size instead of copying the bytes;
 * CUDA regions (``register_cuda``) are not supported yet: the call answers UNSUPPORTED naming
   what is missing (torch, a CUDA device, or trident's CUDA IPC support);
 * every error has Triton's code and words (checked against tritonserver 2.51).
@@ -32,6 +37,7 @@ from typing import Any
 
 from trident.errors import Code, TritonError, internal, invalid_arg, not_found, unsupported
 from trident.protocol.kserve import shm_parameters
+from trident.types import SharedRegionMapping
 
 SHM_ROOT = "/dev/shm"
 MAX_REGIONS = 4096  # registered regions per kind (a client controls the count)
@@ -100,9 +106,11 @@ class SharedMemory:
             if offset + byte_size > os.fstat(fd).st_size:
                 raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
             try:
-                mapping = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                mapping = SharedRegionMapping(fd, offset + byte_size, mmap.MAP_SHARED,
+                                              mmap.PROT_READ | mmap.PROT_WRITE)
             except (OSError, ValueError):
                 raise internal(f"Unable to map shared memory region: '{key}'") from None
+            mapping.attach_file(_read_only(fd))
         finally:
             os.close(fd)
         with self._lock:
@@ -115,6 +123,7 @@ class SharedMemory:
             else:
                 self._system[name] = SystemRegion(name, key, offset, byte_size, mapping)
         if refusal is not None:
+            mapping.release_file()
             mapping.close()
             raise refusal
 
@@ -209,7 +218,18 @@ class SharedMemory:
             _close_when_unused(region.mapping)
 
 
+def _read_only(fd: int) -> int:
+    """A read-only descriptor of the object open as ``fd`` (the same object even if its name is
+    unlinked or re-created meanwhile); a duplicate of ``fd`` where /proc is not available."""
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return os.dup(fd)
+
+
 def _close_when_unused(mapping: mmap.mmap) -> None:
+    if isinstance(mapping, SharedRegionMapping):
+        mapping.release_file()  # no new reference to the region leaves the server from now on
     try:
         mapping.close()
     except BufferError:  # a request still holds a view: unmapped when the last view is freed

@@ -16,7 +16,12 @@ its own process.
 * :mod:`.channel`: control messages are pickles over an ``AF_UNIX`` ``SOCK_SEQPACKET`` socket;
   tensor bytes travel through a shared-memory ring per direction (``memfd``), larger ones
   through a one-off ``memfd`` passed with the message (``SCM_RIGHTS``). Nothing is left in
-  ``/dev/shm`` when a process dies.
+  ``/dev/shm`` when a process dies. Inputs a client sent through a registered system
+  shared-memory region are not copied: the process receives the region's file once (a
+  read-only descriptor, ``SCM_RIGHTS``), maps it read-only and the model's
+  ``as_numpy()`` is a read-only view of the client's memory; the mapping is dropped soon after
+  the region is unregistered (never while a view of it is alive). BYTES and non-contiguous
+  tensors are copied. See :mod:`.channel` for the details and bounds.
 
 Failure handling: when the process exits unexpectedly, or ``execute`` runs longer than
 ``TRIDENT_EXECUTE_TIMEOUT_SECS`` (then the process is killed), the requests it was working

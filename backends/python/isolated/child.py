@@ -46,32 +46,48 @@ class _Waiter:
         self.value: Any = None
 
 
+class _Flag:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = False
+
+
 class ChildRequest(InferenceRequest):
     """A request inside the model process; ``cancelled`` is set by the server's messages."""
 
     rid: int = 0
-    _flag: bool = False
+    flag: _Flag | None = None  # shared with the responder (which holds no reference to the request)
 
     @property  # type: ignore[override]
     def cancelled(self) -> bool:
-        return self._flag
+        return self.flag is not None and self.flag.value
 
     @cancelled.setter
     def cancelled(self, value: bool) -> None:
-        self._flag = bool(value)
+        if self.flag is None:
+            self.flag = _Flag()
+        self.flag.value = bool(value)
 
 
 class ChildResponder:
-    """``request.responder`` in the model process: responses go to the server by message."""
+    """``request.responder`` in the model process: responses go to the server by message.
+
+    It refers to the request's rid and cancel flag, not the request: no reference cycle, so a
+    finished request (and its input tensors, which may be views of a client's shared memory)
+    is freed as soon as the model lets go of it, not at the next garbage collection."""
 
     def __init__(self, process: ModelProcess, request: ChildRequest) -> None:
         self._process = process
-        self._request = request
+        self._rid = request.rid
+        if request.flag is None:
+            request.flag = _Flag()
+        self._flag = request.flag
         self.complete = False
         self.deferred = False  # a non-decoupled request answered through the sender after execute
 
     def is_cancelled(self) -> bool:
-        return self._request.cancelled
+        return self._flag.value
 
     def send(self, response: InferenceResponse | None, final: bool) -> None:
         """Raises TritonError(INTERNAL) after the final response or when the server is gone."""
@@ -82,11 +98,11 @@ class ChildResponder:
         arrays: list[np.ndarray] = []
         meta = None if response is None else wire.response_to_wire(response, arrays)
         try:
-            self._process.channel.send(("response", self._request.rid, meta, final), arrays)
+            self._process.channel.send(("response", self._rid, meta, final), arrays)
         except wire.ChannelClosed as e:
             raise internal(f"the server connection is closed: {e}") from None
         if final:
-            self._process.requests.pop(self._request.rid, None)
+            self._process.requests.pop(self._rid, None)
 
 
 class _BlsStream:
@@ -271,32 +287,54 @@ class ModelProcess:
 
     def read_forever(self) -> None:
         while True:
-            got = self.channel.recv()
+            try:
+                got = self.channel.recv()
+            except wire.UnreadableTensors as e:
+                self._unreadable(e.message, e.reason)
+                continue
             if got is None:  # the server closed the connection (or died): nothing left to do
                 os._exit(0)
-            message, arrays = got
-            kind = message[0]
-            if kind in ("init", "execute", "finalize", "auto_complete"):
-                self.work.put((message, arrays))
-            elif kind == "reply":
-                waiter = self.waiters.pop(message[1], None)
-                if waiter is not None:
-                    waiter.value = (message[2], message[3])
-                    waiter.event.set()
-            elif kind == "bls_response":
-                stream = self.streams.get(message[1])
-                if stream is not None:
-                    stream.queue.put(wire.response_from_wire(message[2], arrays))
-            elif kind == "bls_end":
-                stream = self.streams.get(message[1])
-                if stream is not None:
-                    stream.queue.put(_END)
-            elif kind == "cancelled":
-                request = self.requests.get(message[1])
-                if request is not None:
-                    request.cancel()
-            elif kind == "is_ready":
-                threading.Thread(target=self._answer_ready, args=(message[1],), daemon=True).start()
+            self._route(*got)
+            del got  # hold no tensors while waiting (a view would keep a region mapped)
+
+    def _route(self, message: Any, arrays: list[np.ndarray]) -> None:
+        """One message from the server (reader thread): model work is queued for the main
+        thread, the rest is handled here."""
+        kind = message[0]
+        if kind in ("init", "execute", "finalize", "auto_complete"):
+            self.work.put((message, arrays))
+        elif kind == "reply":
+            waiter = self.waiters.pop(message[1], None)
+            if waiter is not None:
+                waiter.value = (message[2], message[3])
+                waiter.event.set()
+        elif kind == "bls_response":
+            stream = self.streams.get(message[1])
+            if stream is not None:
+                stream.queue.put(wire.response_from_wire(message[2], arrays))
+        elif kind == "bls_end":
+            stream = self.streams.get(message[1])
+            if stream is not None:
+                stream.queue.put(_END)
+        elif kind == "cancelled":
+            request = self.requests.get(message[1])
+            if request is not None:
+                request.cancel()
+        elif kind == "is_ready":
+            threading.Thread(target=self._answer_ready, args=(message[1],), daemon=True).start()
+
+    def _unreadable(self, message: Any, reason: str) -> None:
+        """A message whose tensors cannot be read (a bad shared-memory reference): fail what it
+        carried rather than run the model on it."""
+        kind = message[0] if isinstance(message, tuple) and message else None
+        if kind == "execute":
+            self.notify(("executed", message[1], "error", ("INTERNAL", reason)))
+        elif kind == "bls_response":
+            stream = self.streams.get(message[1])
+            if stream is not None:
+                stream.queue.put(InferenceResponse(error=internal(reason)))
+        else:
+            self.notify(("log", logging.ERROR, f"model process: a '{kind}' message was dropped: {reason}"))
 
     def _answer_ready(self, call_id: int) -> None:
         instance = self.instance
@@ -319,6 +357,7 @@ class ModelProcess:
             elif kind == "finalize":
                 self._finalize()
                 return
+            del message, arrays  # hold no tensors while waiting (a view would keep a region mapped)
 
     def _init(self, model_file: str, identity: dict[str, Any], args: dict[str, str], level: int) -> None:
         from trident.backends.python._execution import InstanceIdentity

@@ -4,7 +4,9 @@ Threads, never the event loop: ``execute`` / ``is_ready`` / ``finalize`` run in 
 threads trident gives every instance and block on the model process's answers; one reader
 thread per process delivers decoupled responses, answers the process's calls (BLS and model
 management each in a thread of their own) and notices when the process dies; one watcher
-thread per instance tells the process which of its requests were cancelled.
+thread per instance tells the process which of its requests were cancelled, and every
+:data:`REGION_RELEASE_SECS` which client shared-memory regions it may unmap (those unregistered
+since its last message; see :mod:`.channel`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ model_log = logging.getLogger("trident.model")
 
 READY_TIMEOUT_SECS = 5.0  # Triton's is_ready timeout
 FINALIZE_TIMEOUT_SECS = 30.0
+REGION_RELEASE_SECS = 1.0  # how soon an idle model process unmaps a client region unregistered meanwhile
 _CHILD = "trident.backends.python.isolated.child"
 
 
@@ -289,7 +292,11 @@ class IsolatedInstance(ModelInstance):
     def _read(self, process: _Process) -> None:
         try:
             while True:
-                got = process.channel.recv()
+                try:
+                    got = process.channel.recv()
+                except wire.UnreadableTensors as e:  # the model process sends no region references
+                    self._unreadable(process, e.message, e.reason)
+                    continue
                 if got is None:
                     break
                 try:
@@ -298,6 +305,17 @@ class IsolatedInstance(ModelInstance):
                     log.exception("model process message handling failed")
         finally:
             self._on_exit(process)
+
+    def _unreadable(self, process: _Process, message: Any, reason: str) -> None:
+        kind = message[0] if isinstance(message, tuple) and message else None
+        if kind == "executed":
+            waiter = process.waiters.pop(message[1], None)
+            if waiter is not None:
+                waiter.set(("error", ("INTERNAL", reason), []))
+        elif kind == "response":
+            self._deliver(message[1], InferenceResponse(error=internal(reason)), message[3], [])
+        else:
+            log.error("a '%s' message from model process %d was dropped: %s", kind, process.pid, reason)
 
     def _dispatch(self, process: _Process, message: Any, arrays: list[np.ndarray]) -> None:
         kind = message[0]
@@ -351,7 +369,10 @@ class IsolatedInstance(ModelInstance):
                 self._owner.pop(rid, None)
         if request is None or request.responder is None:
             return
-        response = None if meta is None else wire.response_from_wire(meta, arrays)
+        if isinstance(meta, InferenceResponse):
+            response: InferenceResponse | None = meta
+        else:
+            response = None if meta is None else wire.response_from_wire(meta, arrays)
         with contextlib.suppress(TritonError):
             request.responder.send(response, final, blocking=False)  # the reader thread serves every request
 
@@ -428,7 +449,11 @@ class IsolatedInstance(ModelInstance):
         requests' ``on_cancel`` queue their ids; the send happens here, off the thread that
         cancelled, which is often the event loop). Ends at :meth:`finalize`."""
         while True:
-            rid = self._cancelled.get()
+            try:
+                rid = self._cancelled.get(timeout=REGION_RELEASE_SECS)
+            except queue.Empty:
+                self._release_regions()
+                continue
             if rid is None:
                 return
             with self._lock:
@@ -436,6 +461,13 @@ class IsolatedInstance(ModelInstance):
             if process is not None and process.alive:
                 with contextlib.suppress(wire.ChannelClosed):
                     process.channel.send(("cancelled", rid))
+
+    def _release_regions(self) -> None:
+        """Let the model process unmap the client regions unregistered since its last message."""
+        process = self._process
+        if process is not None and process.alive:
+            with contextlib.suppress(wire.ChannelClosed):
+                process.channel.release_regions()
 
     # ---- ModelInstance ---------------------------------------------------------------------
 

@@ -3,6 +3,8 @@ trident's core types on the wire."""
 
 from __future__ import annotations
 
+import mmap
+import os
 import socket
 import threading
 
@@ -13,7 +15,14 @@ from hypothesis import strategies as st
 
 from trident.backends.python.isolated import channel as wire
 from trident.errors import Code, TritonError
-from trident.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from trident.types import (
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    SharedRegionMapping,
+    Tensor,
+    shared_region_of,
+)
 
 
 def _pair(ring_bytes: int = 4096) -> tuple[wire.Channel, wire.Channel]:
@@ -136,3 +145,153 @@ def test_core_types_on_the_wire() -> None:
     failed = InferenceResponse(error=TritonError(Code.INVALID_ARG, "bad"))
     again = wire.response_from_wire(wire.response_to_wire(failed, []), [])
     assert again.error is not None and again.error.code == Code.INVALID_ARG and again.error.message == "bad"
+
+
+# ---- client shared memory by reference ----
+
+
+def _region(size: int = 4096, fill: int = 0) -> tuple[SharedRegionMapping, int]:
+    """A registered-region lookalike: a mapping of a memfd with its read-only descriptor, as
+    trident.server.shared_memory makes them (and the object's fd, for the test to change)."""
+    fd = wire.create_memfd("region", size)
+    mapping = SharedRegionMapping(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    mapping.attach_file(os.open(f"/proc/self/fd/{fd}", os.O_RDONLY))
+    mapping[:] = bytes([fill]) * size
+    return mapping, fd
+
+
+def _view(mapping: SharedRegionMapping, offset: int, count: int, dtype: str = "<f4") -> np.ndarray:
+    """An input as the front ends decode it: a numpy view of a read-only memoryview."""
+    blob = memoryview(mapping)[offset:offset + count * np.dtype(dtype).itemsize].toreadonly()
+    return np.frombuffer(blob, np.dtype(dtype)).reshape(count)
+
+
+def _base(array: np.ndarray) -> object:
+    base: object = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return base.obj if isinstance(base, memoryview) else base
+
+
+def test_shared_region_of_finds_views_only() -> None:
+    mapping, fd = _region()
+    view = _view(mapping, 128, 16)
+    assert shared_region_of(view) == (mapping, 128)
+    assert shared_region_of(view[4:]) == (mapping, 128 + 16)
+    assert shared_region_of(view[::2]) is None  # not one contiguous run
+    assert shared_region_of(view.copy()) is None
+    assert shared_region_of(np.frombuffer(memoryview(mmap.mmap(-1, 64)), np.uint8)) is None  # not a region
+    assert shared_region_of(view[:0]) is None
+    del view
+    mapping.release_file()
+    assert mapping.file_released and mapping.dup_file() is None
+    mapping.close()
+    os.close(fd)
+
+
+def test_region_views_travel_by_reference_and_are_mapped_once() -> None:
+    left, right = _pair()
+    mapping, fd = _region()
+    view = _view(mapping, 256, 32)
+    view_data = np.arange(32, dtype=np.float32)
+    mapping[256:256 + 128] = view_data.tobytes()
+    regular = np.arange(5, dtype=np.int64)
+    words = np.array([b"a", b"bc"], dtype=object)
+    left.send(("m", 1), [regular, view, words])
+    _, got = right.recv()  # type: ignore[misc]
+    assert got[0].tolist() == regular.tolist() and got[2].tolist() == words.tolist()
+    shm_in = got[1]
+    assert shm_in.tolist() == view_data.tolist()
+    assert not shm_in.flags.writeable and isinstance(_base(shm_in), mmap.mmap)
+    mapping[256:260] = np.float32(42).tobytes()  # the client writes: the receiver sees it (no copy)
+    assert shm_in[0] == 42
+    assert list(right.regions) == [mapping.serial]
+    left.send(("m", 2), [_view(mapping, 0, 4)])  # the region is not passed again
+    _, again = right.recv()  # type: ignore[misc]
+    assert again[0].tolist() == [0, 0, 0, 0] and list(right.regions) == [mapping.serial]
+    left.close()
+    right.close()
+    os.close(fd)
+
+
+def test_unregistered_regions_are_forgotten_and_copied() -> None:
+    left, right = _pair()
+    mapping, fd = _region(fill=1)
+    view = _view(mapping, 0, 8, "u1")
+    left.send(("m",), [view])
+    _, got = right.recv()  # type: ignore[misc]
+    kept = got[0]  # the model keeps a view past the region's life
+    assert list(right.regions) == [mapping.serial]
+    mapping.release_file()  # unregistered; the server's own view (``view``) is still alive
+    left.send(("m",), [view])  # the next packet forgets it, and this view is copied instead
+    _, got = right.recv()  # type: ignore[misc]
+    assert right.regions == {} and got[0].flags.writeable and got[0].tolist() == [1] * 8
+    assert kept.tolist() == [1] * 8  # still mapped for the view that outlives the cache entry
+    left.close()
+    right.close()
+    os.close(fd)
+
+
+def test_release_regions_reaches_an_idle_receiver() -> None:
+    left, right = _pair()
+    mapping, fd = _region()
+    left.send(("m",), [_view(mapping, 0, 4)])
+    right.recv()
+    left.release_regions()  # nothing unregistered: sends nothing
+    mapping.release_file()
+    left.release_regions()
+    left.send(("next",))
+    message, _ = right.recv()  # type: ignore[misc]
+    assert message == ("next",) and right.regions == {}  # the regions-only packet was read on the way
+    left.close()
+    right.close()
+    os.close(fd)
+
+
+def test_the_receiver_keeps_a_bounded_number_of_regions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wire, "MAX_PEER_REGIONS", 3)
+    left, right = _pair()
+    made = [_region(fill=i) for i in range(6)]
+    for i, (mapping, _) in enumerate(made):
+        left.send(("m",), [_view(mapping, 0, 4, "u1")])
+        _, got = right.recv()  # type: ignore[misc]
+        assert got[0].tolist() == [i] * 4
+        assert len(right.regions) == min(i + 1, 3)
+    assert set(right.regions) == {m.serial for m, _ in made[3:]}  # the most recently used
+    left.close()
+    right.close()
+    for _, fd in made:
+        os.close(fd)
+
+
+def test_a_bad_reference_fails_the_message_not_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    left, right = _pair()
+    mapping, fd = _region(size=4096)
+    view = _view(mapping, 0, 16)
+    left.send(("m",), [view])
+    right.recv()
+    monkeypatch.setattr(wire, "shared_region_of", lambda a: (mapping, 4096 - 8) if a is view else None)
+    left.send(("execute", 7), [view])  # 64 bytes claimed at 8 bytes before the end
+    with pytest.raises(wire.UnreadableTensors, match=r"outside the 4096 bytes") as info:
+        right.recv()
+    assert info.value.message == ("execute", 7)
+    left.send(("after",), [np.ones(3)])  # the channel is still in step
+    message, got = right.recv()  # type: ignore[misc]
+    assert message == ("after",) and got[0].tolist() == [1, 1, 1]
+    left.close()
+    right.close()
+    os.close(fd)
+
+
+def test_an_object_smaller_than_its_region_is_not_mapped() -> None:
+    left, right = _pair()
+    mapping, fd = _region(size=8192)
+    view = _view(mapping, 0, 4)
+    os.ftruncate(fd, 4096)  # the client shrank it after registering (reading past its end would fault)
+    left.send(("execute", 1), [view])
+    with pytest.raises(wire.UnreadableTensors, match=r"could not be mapped.*fewer than the 8192"):
+        right.recv()
+    assert right.regions == {}
+    left.close()
+    right.close()
+    os.close(fd)

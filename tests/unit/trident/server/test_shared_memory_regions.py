@@ -1,0 +1,64 @@
+"""The registry's mappings as data a backend can read: an input view names its region
+(trident.types.shared_region_of) and the region's file while it is registered."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+
+from trident.protocol import kserve
+from trident.server.shared_memory import SharedMemory
+from trident.types import SharedRegionMapping, shared_region_of
+
+
+@pytest.fixture
+def key():
+    name = f"trident_unit_{uuid.uuid4().hex[:12]}"
+    fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.ftruncate(fd, 256)
+    os.pwrite(fd, np.arange(64, dtype=np.float32).tobytes(), 0)
+    os.close(fd)
+    yield "/" + name
+    os.unlink(f"/dev/shm/{name}")
+
+
+def test_input_views_name_their_region_and_its_file(key: str) -> None:
+    registry = SharedMemory(allowed=True)
+    registry.register_system("r", key, 64, 128)  # bytes 64..192 of the object
+    array = kserve.shm_array("IN", "FP32", (2, 8), 16, registry.input_view("r", 32, 64), "m")
+    assert array.tolist() == np.arange(24, 40, dtype=np.float32).reshape(2, 8).tolist()
+    found = shared_region_of(array)
+    assert found is not None
+    mapping, offset = found
+    assert isinstance(mapping, SharedRegionMapping) and offset == 96 and mapping.length == 192
+    fd = mapping.dup_file()
+    assert fd is not None
+    try:
+        assert os.fstat(fd).st_size == 256 and os.pread(fd, 4, offset) == np.float32(24).tobytes()
+        with pytest.raises(OSError):
+            os.pwrite(fd, b"x", 0)  # the file handed out is read-only
+    finally:
+        os.close(fd)
+    serial = mapping.serial
+    registry.unregister_system("r")
+    assert mapping.file_released and mapping.dup_file() is None
+    assert array.tolist()[0][0] == 24  # the request's view stays valid
+    registry.register_system("r", key, 0, 64)
+    again = shared_region_of(kserve.shm_array("IN", "FP32", (4,), 4, registry.input_view("r", 0, 16), "m"))
+    assert again is not None and again[0].serial != serial  # a registration of its own
+    registry.close()
+    assert again[0].file_released
+
+
+def test_copies_and_output_views_of_other_memory_name_no_region(key: str) -> None:
+    registry = SharedMemory(allowed=True)
+    registry.register_system("r", key, 0, 256)
+    view = kserve.shm_array("IN", "FP32", (8,), 8, registry.input_view("r", 0, 32), "m")
+    assert shared_region_of(view.copy()) is None
+    assert shared_region_of(np.arange(8, dtype=np.float32)) is None
+    words = kserve.shm_array("IN", "BYTES", (1,), 1, memoryview(b"\x01\x00\x00\x00a"), "m")
+    assert shared_region_of(words) is None
+    registry.close()
