@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -384,6 +385,9 @@ class Connection:
     def __init__(self, stream: trio.abc.Stream, methods: dict[str, Method], config: TransportConfig,
                  budget: ServerBudget | None = None, *, handshake_deadline: float | None = None) -> None:
         self.stream = stream
+        #: a plain TCP stream's socket, read and written with non-blocking calls that wait
+        #: through trio only when the kernel says so (-1: TLS or another stream, through trio)
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
         self.methods = methods
         self.config = config
         self.budget = budget if budget is not None else ServerBudget(config.max_buffered_bytes, config.worker_threads)
@@ -475,7 +479,7 @@ class Connection:
         guard = self.guard
         while True:
             try:
-                data = await self.stream.receive_some(_RECEIVE_SIZE)
+                data = await self._receive_some()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._broken = True
                 return
@@ -494,6 +498,26 @@ class Connection:
                     start = cut
             elif not await self._receive(data):
                 return
+
+    async def _receive_some(self) -> bytes | bytearray:
+        """The next received bytes (b"" at EOF); raises trio.BrokenResourceError. Exactly one
+        checkpoint, as ``receive_some``: the wait for bytes, or a yield when they were there."""
+        fd = self._fd
+        if fd < 0:
+            return await self.stream.receive_some(_RECEIVE_SIZE)
+        waited = False
+        while True:
+            try:
+                data = os.read(fd, _RECEIVE_SIZE)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(fd)
+                waited = True
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(exc) from exc
+            if not waited:
+                await trio.lowlevel.checkpoint()
+            return data
 
     async def _receive(self, data: bytes | bytearray) -> bool:
         """Feed one slice to the engine and act on its events; False once the connection must end."""
@@ -866,18 +890,47 @@ class Connection:
             await self._flush()
 
     async def _flush(self) -> None:
-        """Write whatever the engine has queued (without a checkpoint when nothing is). On a
-        broken connection, cancels every call."""
-        if not self.engine.has_data_to_send():
+        """Write whatever the engine has queued (without a checkpoint when nothing is, nor on a
+        socket that takes it all at once while no other write is in progress). On a broken
+        connection, cancels every call."""
+        engine = self.engine
+        if not engine.has_data_to_send():
             return
-        async with self._send_lock:
-            data = self.engine.data_to_send()
+        lock = self._send_lock
+        if self._fd >= 0 and not lock.locked():
+            lock.acquire_nowait()  # taken at once: a write that must wait keeps later ones behind it
+            try:
+                data = engine.data_to_send()
+                if data:
+                    await self._send_raw(data)
+            finally:
+                lock.release()
+            return
+        async with lock:
+            data = engine.data_to_send()
             if data:
                 await self._send_raw(data)
 
     async def _send_raw(self, data: bytes) -> None:
+        """Write ``data`` whole (the caller holds the send lock)."""
+        fd = self._fd
         try:
-            await self.stream.send_all(data)
+            if fd < 0:
+                await self.stream.send_all(data)
+                return
+            view: memoryview | None = None
+            pos, end = 0, len(data)
+            while pos < end:
+                try:
+                    n = os.write(fd, data if view is None else view[pos:])
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(fd)
+                    continue
+                except OSError as exc:
+                    raise trio.BrokenResourceError(exc) from exc
+                pos += n
+                if pos < end and view is None:
+                    view = memoryview(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._broken = True
             if self._nursery is not None:
