@@ -206,18 +206,9 @@ class Server:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         self._admit()
         try:
-            result: list[InferenceResponse] = []
-
-            async def keep(response: InferenceResponse) -> None:
-                result.append(response)
-
-            await mv.infer_stream(request, keep)
+            return await mv.infer(request)
         finally:
             self._release()
-        response = result[-1]
-        if response.error is not None:
-            raise response.error
-        return response
 
     async def _logged(self, call: Awaitable[Any], request: InferenceRequest) -> Any:
         """``await call``, logging the request's id, model and outcome (--log-verbose >= 1)."""

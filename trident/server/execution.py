@@ -193,6 +193,10 @@ class Mailbox:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """The consumer is done: later sends raise trio.BrokenResourceError."""
         self._closed = True
         self._items.clear()
 
@@ -435,6 +439,11 @@ class BatchExecutor:
         if thread is not None:
             thread.close()
 
+    def runs_inline(self, instance: ModelInstance) -> bool:
+        """Whether ``instance``'s next batch runs inline on the event-loop thread (InlineChoice;
+        never for decoupled models: their responses are consumed while they run)."""
+        return instance.inline_safe and not self.model.decoupled and self.choice(instance).inline()
+
     async def __call__(self, instance: ModelInstance, batch: list[Pending], *, direct: bool = False) -> None:
         """Run ``batch`` on ``instance`` and deliver the responses. Never raises (``direct``:
         only Cancelled, after the execution).
@@ -446,14 +455,11 @@ class BatchExecutor:
         cancelled), waits for the call, and raises Cancelled at its next checkpoint. Results
         of cancelled requests are discarded.
         """
-        model = self.model
-        live = []
-        for p in batch:
-            if p.request.cancelled:
-                model.on_drop(p)
-            else:
-                live.append(p)
+        live = self._live(batch)
         if not live:
+            return
+        if self.runs_inline(instance):
+            self.run_inline(instance, live)  # on the event-loop thread: short, measured calls only
             return
         start = time.monotonic_ns()
         requests = [p.request for p in live]
@@ -468,12 +474,8 @@ class BatchExecutor:
             finally:
                 called[1] = time.monotonic_ns()
 
-        choice = self.choice(instance)
         try:
-            # decoupled models stay on their thread: their responses are consumed while they run
-            if instance.inline_safe and not model.decoupled and choice.inline():
-                responses = call()  # on the event-loop thread: short, measured calls only
-            elif direct:
+            if direct:
                 def cancel_all() -> None:
                     for r in requests:
                         r.cancel()
@@ -486,20 +488,53 @@ class BatchExecutor:
             error = e
         except Exception as e:
             error = internal(f"{type(e).__name__}: {e}")
-        infer_start, infer_end = called[0], max(called[1], called[0])
-        choice.record(infer_end - infer_start)
+        self._deliver(instance, live, responses, error, start, called[0], max(called[1], called[0]))
+
+    def run_inline(self, instance: ModelInstance, live: list[Pending]) -> None:
+        """Execute ``live`` (requests not cancelled) on the event-loop thread now and deliver the
+        responses (the caller checked :meth:`runs_inline`). Never raises."""
+        start = time.monotonic_ns()
+        error: TritonError | None = None
+        responses: list[InferenceResponse] | None = None
+        try:
+            responses = instance.execute([p.request for p in live])
+        except TritonError as e:
+            error = e
+        except Exception as e:
+            error = internal(f"{type(e).__name__}: {e}")
+        self._deliver(instance, live, responses, error, start, start, time.monotonic_ns())
+
+    def _live(self, batch: list[Pending]) -> list[Pending]:
+        """The requests of ``batch`` not cancelled (the others are dropped)."""
+        if len(batch) == 1 and not batch[0].request.cancelled:
+            return batch
+        live = []
+        for p in batch:
+            if p.request.cancelled:
+                self.model.on_drop(p)
+            else:
+                live.append(p)
+        return live
+
+    def _deliver(self, instance: ModelInstance, live: list[Pending], responses: list[InferenceResponse] | None,
+                 error: TritonError | None, start: int, infer_start: int, infer_end: int) -> None:
+        """After an execution: each request's response (or the error), the call time for the
+        inline choice, and the execution's statistics."""
+        model = self.model
+        self.choice(instance).record(infer_end - infer_start)
         if error is None and not model.decoupled and (responses is None or len(responses) != len(live)):
             got = "None" if responses is None else f"{len(responses)} responses"
             error = internal(f"model '{model.name}' returned {got} for a batch of {len(live)} requests")
         for i, pending in enumerate(live):
             pending.exec_ns = (start, infer_start, infer_end, time.monotonic_ns())
+            responder = pending.responder
             if error is not None:
-                if not pending.responder.complete:
-                    pending.responder.send(InferenceResponse(error=error), final=True)
-            elif not model.decoupled and not pending.responder.complete and not pending.responder.deferred:
+                if not responder.complete:
+                    responder.send(InferenceResponse(error=error), final=True)
+            elif not model.decoupled and not responder.complete and not responder.deferred:
                 # complete: sent through the model's response sender; deferred: it will be
                 assert responses is not None
-                pending.responder.send(responses[i], final=True)
+                responder.send(responses[i], final=True)
             if pending.request.cancelled:
                 model.discarded += 1
         end = time.monotonic_ns()

@@ -317,6 +317,73 @@ class ModelVersion:
             return False
         return self.state == "READY"
 
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        """Run ``request`` of a model that answers once (not decoupled) and return its response.
+
+        The common case, an idle instance whose calls run inline with no batching, response
+        cache, trace or ensemble in the way, executes here and now with no response loop and
+        no task switch; everything else goes the way of :meth:`infer_stream`. Raises what
+        infer_stream raises, and the error of an error response. Cancellation: as infer_stream.
+        """
+        batch_size = self._admit(request)
+        trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
+        if self.ensemble is not None or trace is not None or self.cache is not None:
+            return await self._collect(request, batch_size, trace)
+        await trio.lowlevel.checkpoint_if_cancelled()  # a caller already cancelled runs nothing
+        slot = self.scheduler.claim()
+        if slot is None:
+            return await self._collect(request, batch_size, None)
+        executor = self.executor
+        pending = Pending(request, batch_size, executor.finish)
+        if request.cancelled or not executor.runs_inline(slot.instance):
+            return await self._collect(request, batch_size, None, pending, slot)
+        try:
+            executor.run_inline(slot.instance, [pending])
+        finally:
+            self.scheduler.release(slot)
+        mailbox = pending.receive
+        try:
+            response = mailbox.receive_nowait()
+        except trio.WouldBlock:  # the model answers later, through its response sender
+            self.inflight += 1
+            self._idle = trio.Event() if self.inflight == 1 else self._idle
+            try:
+                response = await mailbox.receive()
+            except trio.Cancelled:
+                request.cancel()
+                self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
+                raise
+            finally:
+                self.inflight -= 1
+                if self.inflight == 0:
+                    self._idle.set()
+        finally:
+            mailbox.close()
+            request.responder = None  # no request <-> responder cycle
+        self._record(pending, response.error)
+        if response.error is not None:
+            raise response.error
+        if self.latency is not None:
+            self.latency.first_response(time.monotonic_ns() - request.arrival_ns)
+        return response
+
+    async def _collect(self, request: InferenceRequest, batch_size: int, trace: Any,
+                       pending: Pending | None = None, slot: Any = None) -> InferenceResponse:
+        """:meth:`infer` the way of infer_stream (:meth:`_respond`): its one response."""
+        result: list[InferenceResponse] = []
+
+        async def keep(response: InferenceResponse) -> None:
+            result.append(response)
+
+        if self.ensemble is not None:
+            await self._infer_ensemble(self.ensemble, request, keep, batch_size, trace)
+        else:
+            await self._respond(request, keep, batch_size, trace, pending, slot)
+        response = result[-1]
+        if response.error is not None:
+            raise response.error
+        return response
+
     async def infer_stream(self, request: InferenceRequest, send: SendResponse) -> None:
         """Run ``request`` and ``await send(response)`` for each response (the last is final).
 
@@ -325,14 +392,26 @@ class ModelVersion:
         cancelling the caller cancels the request; a queued request is dropped, a running
         one has its result discarded.
         """
+        batch_size = self._admit(request)
+        trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
+        if self.ensemble is not None:
+            await self._infer_ensemble(self.ensemble, request, send, batch_size, trace)
+            return
+        await self._respond(request, send, batch_size, trace)
+
+    def _admit(self, request: InferenceRequest) -> int:
+        """The request's batch size, once it may run. Raises TritonError: UNAVAILABLE when the
+        version is not serving, INVALID_ARG for a bad request."""
         if self.state != "READY":
             raise unavailable(f"model '{self.name}' version {self.version} is not ready (state {self.state})")
-        batch_size = self.validate(request)
-        if self.ensemble is not None:
-            await self._infer_ensemble(self.ensemble, request, send, batch_size)
-            return
-        pending = Pending(request, batch_size, self.executor.finish)
-        trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
+        return self.validate(request)
+
+    async def _respond(self, request: InferenceRequest, send: SendResponse, batch_size: int, trace: Any,
+                   pending: Pending | None = None, slot: Any = None) -> None:
+        """infer_stream past admission for a model that is not an ensemble (``pending`` and
+        ``slot``: the caller already made the request's entry and claimed an instance)."""
+        if pending is None:
+            pending = Pending(request, batch_size, self.executor.finish)
         last: InferenceResponse | None = None
         self.inflight += 1
         self._idle = trio.Event() if self.inflight == 1 else self._idle
@@ -348,8 +427,9 @@ class ModelVersion:
                     return
             # an idle instance and nothing queued: run it here and now (not a decoupled model:
             # its responses must be consumed while it executes)
-            await trio.lowlevel.checkpoint_if_cancelled()  # a caller already cancelled runs nothing
-            slot = None if self.decoupled else self.scheduler.claim()
+            if slot is None:
+                await trio.lowlevel.checkpoint_if_cancelled()  # a caller already cancelled runs nothing
+                slot = None if self.decoupled else self.scheduler.claim()
             if slot is not None:
                 try:
                     await self.executor(slot.instance, [pending], direct=True)
@@ -407,10 +487,9 @@ class ModelVersion:
                 self._idle.set()
 
     async def _infer_ensemble(self, ensemble: EnsembleScheduler, request: InferenceRequest, send: SendResponse,
-                              batch: int) -> None:
+                              batch: int, trace: Any) -> None:
         """An ensemble's request: the cache, then its steps (see infer_stream)."""
         run = ensemble.request(request, send, batch if self.max_batch_size > 0 else 0)
-        trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
         run.trace = trace
         self.inflight += 1
         self._idle = trio.Event() if self.inflight == 1 else self._idle
