@@ -23,3 +23,23 @@ def test_recorder_snapshot_shapes():
     assert j["batch_stats"][0] == {"batch_size": 1, "compute_input": {"count": 1, "ns": 5},
                                    "compute_infer": {"count": 1, "ns": 5}, "compute_output": {"count": 1, "ns": 5}}
     assert j["last_inference"] > 0
+
+
+def test_records_fold_into_the_counters_in_batches_and_at_a_snapshot():
+    """Successes and executions are kept as records and folded (every 256 and at a snapshot):
+    the totals are the same as counting each one."""
+    from trident.observability.stats import _FOLD_EVERY, StatsRecorder
+
+    s = StatsRecorder("m", "1")
+    n = _FOLD_EVERY * 2 + 7
+    for i in range(n):
+        s.record_success(10 + i, 1, 2, 3, 4)
+        s.record_execution(1 + i % 3, 5, 6, 7)
+    assert len(s._successes) < _FOLD_EVERY and len(s._executions) < _FOLD_EVERY  # folded on the way
+    snap = s.snapshot()
+    assert (snap.success.count, snap.success.ns) == (n, sum(10 + i for i in range(n)))
+    assert (snap.queue.count, snap.queue.ns, snap.compute_output.ns) == (n, n, 4 * n)
+    assert snap.execution_count == n and snap.inference_count == sum(1 + i % 3 for i in range(n))
+    assert {b.batch_size: b.compute_infer.count for b in snap.batch_stats} == {1: 173, 2: 173, 3: 173}
+    assert snap.last_inference > 0
+    assert s.snapshot() == snap  # folding twice adds nothing
