@@ -110,7 +110,11 @@ class SharedMemory:
                                               mmap.PROT_READ | mmap.PROT_WRITE)
             except (OSError, ValueError):
                 raise internal(f"Unable to map shared memory region: '{key}'") from None
-            mapping.attach_file(_read_only(fd))
+            try:
+                mapping.attach_file(_read_only(fd))
+            except OSError as e:  # out of descriptors (each region holds two: the mapping's and this one)
+                mapping.close()
+                raise internal(f"Unable to open shared memory region: '{key}': {e.strerror or e}") from None
         finally:
             os.close(fd)
         with self._lock:

@@ -62,3 +62,35 @@ def test_copies_and_output_views_of_other_memory_name_no_region(key: str) -> Non
     words = kserve.shm_array("IN", "BYTES", (1,), 1, memoryview(b"\x01\x00\x00\x00a"), "m")
     assert shared_region_of(words) is None
     registry.close()
+
+
+def test_running_out_of_descriptors_is_a_clear_error(key: str) -> None:
+    """Each region holds two descriptors; registering past the process's limit answers INTERNAL
+    with the reason and leaves the registry as it was (run in a child with a small limit)."""
+    import subprocess
+    import sys
+
+    script = f"""
+import os, resource
+from trident.errors import TritonError
+from trident.server.shared_memory import SharedMemory
+registry = SharedMemory(allowed=True)
+open_now = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 5, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+errors = []
+for i in range(10):
+    try:
+        registry.register_system(f"r{{i}}", {key!r}, 0, 64)
+    except TritonError as e:
+        errors.append((e.code.name, e.message))
+registered = len(registry.system_status())
+print(registered, errors[0][0], "Unable to" in errors[0][1])
+registry.unregister_system()
+print(len(registry.system_status()))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.split("\n")[:2]
+    registered, code, named = first.split()
+    assert 1 <= int(registered) < 10 and code == "INTERNAL" and named == "True"
+    assert second == "0"
