@@ -361,6 +361,43 @@ def _input(buf: _Bytes, view: memoryview, pos: int, stop: int, outputs: bool = F
     return t
 
 
+def is_heavy(data: Buffer, threshold: int) -> bool:
+    """Whether decoding this ``ModelInferRequest`` may take long (a caller moves it off its loop).
+
+    True when the message outside ``raw_input_contents`` reaches ``threshold`` bytes (typed
+    ``contents`` are converted element by element), or the raw contents do and an input is
+    BYTES (split element by element), or the message is malformed (the decode raises, wherever
+    it runs). Fixed-size raw tensors become views of the message: cheap whatever their size.
+    Walks the top-level fields only: O(fields), not O(bytes).
+    """
+    end = len(data)
+    if end < threshold:
+        return False
+    buf = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+    raw = 0
+    named_bytes = False
+    try:
+        pos = 0
+        while pos < end:
+            tag = buf[pos]
+            if tag < 0x80:
+                pos += 1
+            else:
+                tag, pos = _long_tag(buf, pos)
+            if tag == 0x3A or tag == 0x2A:  # raw_input_contents (7) or an input tensor (5)
+                start, stop = _length(buf, pos, end)
+                if tag == 0x3A:
+                    raw += stop - start
+                elif not named_bytes:
+                    named_bytes = b"BYTES" in buf[start:stop]
+                pos = stop
+            else:
+                pos = _skip(buf, pos, tag, end)
+    except (IndexError, DecodeError):
+        return True
+    return end - raw >= threshold or (raw >= threshold and named_bytes)
+
+
 def decode_model_infer_request(data: Buffer, shm: ShmLookup | None = None) -> InferenceRequest:
     """Decode a serialized ``inference.ModelInferRequest`` into an :class:`InferenceRequest`.
 

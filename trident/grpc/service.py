@@ -256,11 +256,13 @@ class InferenceService:
     # ---- inference ------------------------------------------------------------------------
 
     async def _request(self, call: Call, data: bytearray) -> InferenceRequest:
-        """Decode a ModelInferRequest: inline when small, in a worker thread from ``offload_size``
-        bytes (the call's task waits for it). Raises TritonError(INVALID_ARG) for a bad message."""
+        """Decode a ModelInferRequest: inline unless it is heavy (:func:`grpc_codec.is_heavy` with
+        ``offload_size``: typed contents or BYTES of that size, not raw tensors, which become views),
+        then in a worker thread (the call's task waits for it). Raises TritonError(INVALID_ARG) for
+        a bad message."""
         shm = self.server.shared_memory.input_view
         try:
-            if len(data) < call.conn.config.offload_size:
+            if not grpc_codec.is_heavy(data, call.conn.config.offload_size):
                 request = grpc_codec.decode_model_infer_request(data, shm)
             else:
                 request = await call.run_sync(grpc_codec.decode_model_infer_request, data, shm)

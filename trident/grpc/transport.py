@@ -127,7 +127,7 @@ class TransportConfig:
     min_recv_ping_interval: float = 300.0  # client PINGs closer than this without data: a strike
     max_ping_strikes: int = 2  # strikes beyond this: GOAWAY ENHANCE_YOUR_CALM; 0 = unlimited
     max_connections: int = 4096  # open connections; at the limit the accept loop pauses
-    offload_size: int = 1024 * 1024  # messages from this size decode in a worker thread
+    offload_size: int = 1024 * 1024  # heavy messages from this size decode in a worker thread (grpc_codec.is_heavy)
     worker_threads: int = 2  # worker threads for decompression and large decodes, all connections
     http2: str = "trident"  # the HTTP/2 engine: "trident" (trident.protocol.http2) or "h2" (the fallback)
 

@@ -378,3 +378,26 @@ def test_decode_error_exactly_when_upb_rejects(data):
         pass
     else:
         assert upb_ok
+
+
+def test_is_heavy_tells_raw_tensors_from_contents_and_bytes():
+    """Raw fixed-size tensors decode as views (never heavy); typed contents or BYTES of the
+    threshold's size are; so is a malformed message (its decode raises wherever it runs)."""
+    from trident.protocol.grpc_codec import is_heavy
+
+    def message(datatype: str, raw: bytes | None = None, contents: list[float] | None = None) -> bytes:
+        req = pb.ModelInferRequest(model_name="m")
+        t = req.inputs.add(name="IN", datatype=datatype, shape=[1])
+        if contents is not None:
+            t.contents.fp32_contents.extend(contents)
+        if raw is not None:
+            req.raw_input_contents.append(raw)
+        return req.SerializeToString()
+
+    big_raw = message("FP32", raw=bytes(200_000))
+    assert not is_heavy(big_raw, 100_000)
+    assert not is_heavy(message("FP32", raw=bytes(10)), 100_000)  # small: never
+    assert is_heavy(message("FP32", contents=[1.0] * 50_000), 100_000)
+    assert is_heavy(message("BYTES", raw=bytes(200_000)), 100_000)
+    assert is_heavy(big_raw[:-10], 100_000)  # the raw field runs past the end
+    assert not is_heavy(bytearray(big_raw), 100_000) and not is_heavy(memoryview(big_raw), 100_000)
