@@ -31,6 +31,35 @@ from trident.server.cloud_repository import is_cloud_url, parse_cloud_url
 log = logging.getLogger("trident.serve")
 
 
+#: glibc malloc settings applied at start (mallopt parameter, value, environment variable that overrides it)
+MALLOC_SETTINGS = ((-3, 32 << 20, "MALLOC_MMAP_THRESHOLD_"),  # M_MMAP_THRESHOLD: blocks up to 32 MiB from the heap
+                   (-1, 128 << 20, "MALLOC_TRIM_THRESHOLD_"))  # M_TRIM_THRESHOLD: keep up to 128 MiB freed
+
+
+def tune_malloc() -> list[str]:
+    """Keep freed tensor-sized blocks for reuse instead of returning them to the kernel.
+
+    With glibc's defaults a freed block of a few MiB (a request body, a gRPC message, a
+    response) is unmapped or trimmed, and the next request faults every page of its new block
+    in again (about 750 page faults per 1 MiB gRPC identity request here, half its CPU).
+    Blocks up to 32 MiB now come from the heap, which keeps up to 128 MiB of free memory.
+    A setting whose glibc environment variable is set (``MALLOC_MMAP_THRESHOLD_``,
+    ``MALLOC_TRIM_THRESHOLD_``) is left to it. Returns what was set ("name=value"); nothing
+    without glibc. Raises nothing.
+    """
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return []
+    done = []
+    for param, value, env in MALLOC_SETTINGS:
+        if env not in os.environ and mallopt(param, value) == 1:
+            done.append(f"{env.strip('_')}={value}")
+    return done
+
+
 class StartError(Exception):
     """A front end could not start (its address is in use, or cannot be bound): one line."""
 
@@ -205,6 +234,9 @@ async def serve(options: ServerOptions) -> int:
         for flag, value, why in options.ignored_flags:
             log.warning("ignoring %s=%s: %s", flag, value, why)
         log.info("trident %s (Triton-compatible inference server, KServe v2) starting", trident.__version__)
+        tuned = tune_malloc()
+        if tuned:
+            log.debug("malloc: %s", ", ".join(tuned))
         # the front ends listen before the models load: live is true and ready false meanwhile
         async with open_server(options, log_settings, load=False) as server:
             shutdown = trio.Event()
