@@ -758,6 +758,37 @@ class H2Server:
         if end_stream:
             self._local_end(stream)
 
+    def data_frames(self, stream_id: int, parts: Sequence[memoryview], size: int) -> tuple[list[Any], int]:
+        """DATA frames carrying ``parts`` (byte views, ``size`` bytes in all) as buffers to write,
+        in order, after what :meth:`data_to_send` returns: frame headers and slices of
+        ``parts``, nothing copied (the caller writes them before the views change). Returns
+        ``(buffers, frames)``. Raises as :meth:`send_data` (the stream does not end here)."""
+        stream = self._open_stream(stream_id)
+        if size > stream.send_window or size > self._send_window:
+            raise FlowControlError(f"{size} bytes exceed the flow-control window")
+        stream.send_window -= size
+        self._send_window -= size
+        frame = self.max_outbound_frame_size
+        out: list[Any] = []
+        frames = 0
+        index = offset = 0
+        left = size
+        while left > 0:
+            n = frame if left > frame else left
+            out.append(frame_header(n, DATA_FRAME, 0, stream_id))
+            frames += 1
+            left -= n
+            while n:
+                part = parts[index]
+                take = min(n, len(part) - offset)
+                out.append(part[offset:offset + take])
+                offset += take
+                n -= take
+                if offset == len(part):
+                    index += 1
+                    offset = 0
+        return out, frames
+
     def _local_end(self, stream: _Stream) -> None:
         stream.local_ended = True
         if stream.remote_ended:

@@ -75,6 +75,8 @@ log = logging.getLogger("trident.grpc")
 Parts = Sequence[Any]  # buffers: bytes, bytearray, memoryview or 1-D uint8 numpy arrays
 
 _RECEIVE_SIZE = 256 * 1024
+_WRITEV_SIZE = 64 * 1024  # a response message from this size is written from its parts (no copy)
+_IOV_MAX = 1024
 _INLINE_INFLATE = 1024 * 1024  # gzip output inflated on the event loop; the rest in worker threads
 _THREAD_INFLATE = 16 * 1024 * 1024  # gzip output per worker-thread step (cancellation between steps)
 _KEEPALIVE_PING = b"trident\x00"
@@ -339,15 +341,25 @@ class Call:
         """Send one message; the caller makes sure no other send runs on this call."""
         framing.check_size(size, self.conn.config.max_message_size, "sent")
         encoding = self.response_encoding if self.compress_responses and self.conn.config.compression_level else None
+        conn = self.conn
+        if encoding is None and size >= _WRITEV_SIZE and conn._fd >= 0 and hasattr(conn.engine, "data_frames"):
+            # a large message is written from its parts (headers and views: no copy)
+            if not self._headers_sent:
+                self._headers_sent = True
+                conn._send_headers(self.stream_id, _response_headers(None))
+            views = [memoryview(framing.frame_prefix(size))]
+            views += [memoryview(p).cast("B") for p in parts if len(p)]
+            await conn._send_views(self, views, size + framing.PREFIX_SIZE)
+            return
         if encoding is not None:
-            payload = framing.gzip_compress(b"".join(parts), self.conn.config.compression_level, encoding)
+            payload = framing.gzip_compress(b"".join(parts), conn.config.compression_level, encoding)
             message = framing.frame([payload], len(payload), compressed=True)
         else:
             message = framing.frame(parts, size)
         if not self._headers_sent:
             self._headers_sent = True
-            self.conn._send_headers(self.stream_id, _response_headers(encoding))
-        await self.conn._send_data(self, message, flush)
+            conn._send_headers(self.stream_id, _response_headers(encoding))
+        await conn._send_data(self, message, flush)
 
     def _trailers(self, status: int, message: str) -> tuple[tuple[bytes, bytes], ...]:
         if status == GRPC_OK and not message:
@@ -889,6 +901,77 @@ class Connection:
         if flush:
             await self._flush()
 
+    async def _send_views(self, call: Call, views: list[memoryview], size: int) -> None:
+        """Send one framed message given as byte views (a plain TCP connection and trident's
+        engine): DATA frames as the windows allow, each batch written with ``writev`` behind
+        what the engine has queued, so nothing is copied. Cancelled with the call."""
+        h2c: Any = self.engine
+        while size > 0:
+            if call.reset:
+                raise _StreamGone()
+            try:
+                window = h2c.local_flow_control_window(call.stream_id)
+            except http2.StreamClosedError:
+                raise _StreamGone() from None
+            if window <= 0:
+                waiter = self._window_event
+                await self._flush()
+                try:
+                    window = h2c.local_flow_control_window(call.stream_id)
+                except http2.StreamClosedError:
+                    raise _StreamGone() from None
+                if window <= 0:
+                    await waiter.wait()
+                continue
+            n = min(window, size)
+            chunk, views = _split_views(views, n)
+            try:
+                buffers, frames = h2c.data_frames(call.stream_id, chunk, n)
+            except http2.StreamClosedError:
+                raise _StreamGone() from None
+            self._sends += 1
+            self.guard.data_sent(frames)
+            size -= n
+            await self._write_views(buffers)
+
+    async def _write_views(self, buffers: list[Any]) -> None:
+        """Write what the engine has queued, then ``buffers``, in order (the send lock keeps
+        other writes behind them); on a broken connection, cancels every call."""
+        lock = self._send_lock
+        if lock.locked():
+            await lock.acquire()
+        else:
+            lock.acquire_nowait()
+        try:
+            queued = self.engine.data_to_send()
+            if queued:
+                buffers.insert(0, queued)
+            fd = self._fd
+            try:
+                while buffers:
+                    try:
+                        n = os.writev(fd, buffers[:_IOV_MAX])
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_writable(fd)
+                        continue
+                    except OSError as exc:
+                        raise trio.BrokenResourceError(exc) from exc
+                    done = 0
+                    while done < len(buffers) and n >= len(buffers[done]):
+                        n -= len(buffers[done])
+                        done += 1
+                    del buffers[:done]
+                    if n:
+                        buffers[0] = memoryview(buffers[0]).cast("B")[n:]
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._broken = True
+                if self._nursery is not None:
+                    self._nursery.cancel_scope.cancel()
+                self._reader_scope.cancel()
+                await trio.lowlevel.checkpoint()
+        finally:
+            lock.release()
+
     async def _flush(self) -> None:
         """Write whatever the engine has queued (without a checkpoint when nothing is, nor on a
         socket that takes it all at once while no other write is in progress). On a broken
@@ -937,6 +1020,20 @@ class Connection:
                 self._nursery.cancel_scope.cancel()
             self._reader_scope.cancel()
             await trio.lowlevel.checkpoint()
+
+
+def _split_views(views: list[memoryview], n: int) -> tuple[list[memoryview], list[memoryview]]:
+    """The first ``n`` bytes of ``views`` and the rest, as views."""
+    head: list[memoryview] = []
+    for i, view in enumerate(views):
+        if n < len(view):
+            head.append(view[:n])
+            return head, [view[n:], *views[i + 1:]]
+        head.append(view)
+        n -= len(view)
+        if n == 0:
+            return head, views[i + 1:]
+    return head, []
 
 
 class _StreamGone(Exception):

@@ -547,6 +547,31 @@ def test_rfc9113_6_5_2_max_frame_size_sets_the_size_of_data_sent():
     assert [len(f.data) for f in sent(s)] == [20000, 20000, 10000]
 
 
+def test_rfc9113_6_5_2_data_frames_from_parts_are_the_frames_send_data_makes():
+    """data_frames: the same DATA frames as send_data (max frame size, one stream, windows
+    charged), as headers and views of the parts (nothing copied), frames spanning parts."""
+    s, c = server(), Client()
+    opened(s, c, end_stream=True)
+    assert s.receive_data(settings(max_frame_size=20000)) == [(WINDOW, 0)]
+    sent(s)
+    payload = bytes(range(256)) * 200  # 51,200 bytes in three uneven parts
+    view = memoryview(payload)
+    buffers, frames = s.data_frames(1, [view[:5], view[5:30000], view[30000:]], len(payload))
+    assert frames == 3 and not s.has_data_to_send()
+    assert all(b.obj is payload for b in buffers if isinstance(b, memoryview))  # views, not copies
+    wire = b"".join(bytes(b) for b in buffers)
+    seen, body, pos = [], b"", 0
+    while pos < len(wire):
+        length = int.from_bytes(wire[pos:pos + 3], "big")
+        seen.append((wire[pos + 3], wire[pos + 4], int.from_bytes(wire[pos + 5:pos + 9], "big"), length))
+        body += wire[pos + 9:pos + 9 + length]
+        pos += 9 + length
+    assert seen == [(0, 0, 1, 20000), (0, 0, 1, 20000), (0, 0, 1, 11200)] and body == payload
+    assert s.local_flow_control_window(1) == 65535 - len(payload)
+    with pytest.raises(http2.FlowControlError):
+        s.data_frames(1, [memoryview(b"x" * 20000)], 20000)
+
+
 # ---- §6.6 PUSH_PROMISE, §6.7 PING, §6.8 GOAWAY -----------------------------------------------
 
 

@@ -710,3 +710,36 @@ async def test_large_gzip_messages_inflate_in_worker_threads(nursery):
     with trio.fail_after(5):
         while budget.buffered:
             await trio.sleep(0.01)
+
+
+async def test_large_responses_are_written_from_their_parts(nursery):
+    """A response message from 64 KiB is written as DATA frames over views of its parts (no
+    copy): it arrives whole through grpcio's flow control and a raw client's 64 KiB windows,
+    and a client that stops reading blocks only its own call."""
+    big = 3 << 20
+    rec = Recorder()
+    config = TransportConfig(max_message_size=big * 2, initial_window_size=WINDOW)
+
+    async def run(task_status):
+        await serve_methods(methods(rec), config, host="127.0.0.1", port=0, grace_period=5, task_status=task_status)
+
+    port = await nursery.start(run)
+    message = bytes(range(256)) * (big // 256) + b"tail"
+
+    def echo(channel):
+        call = channel.unary_unary("/test.T/Echo")
+        return call(message, timeout=30)
+
+    assert await grpcio(port, echo) == message
+    async with open_raw(port) as c:  # the default 65,535-byte windows: many window updates
+        s = await c.unary("/test.T/Echo", message[: 200_001])
+        assert s.status == GRPC_OK and s.messages() == [message[: 200_001]]
+    async with open_raw(port, read_window=False) as stuck:
+        s = await stuck.open("/test.T/Echo")
+        await stuck.send(s, frame(message[: 300_000]), end_stream=True)
+        with trio.fail_after(10):
+            while len(s.data) < 65535:
+                await s.changed.wait()
+        async with open_raw(port) as other:
+            assert (await other.unary("/test.T/Echo", b"free")).messages() == [b"free"]
+        assert s.status is None and len(s.data) <= 65535 + 9 * 4
