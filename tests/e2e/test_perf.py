@@ -355,3 +355,39 @@ def test_analyze_against_the_real_triton(triton, tmp_path: Path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert (tmp_path / "r" / "add_sub" / "config.pbtxt").exists()
     assert json.loads(urllib.request.urlopen(f"http://{url}/v2/models/add_sub/config").read()) == before
+
+
+def test_progress_is_live_on_a_terminal_and_plain_lines_otherwise(repo: Path):
+    """On a terminal, stderr carries a status line rewritten as a window goes (its elapsed time,
+    requests and rate, the load generator's CPU); without one, plain lines and no escapes."""
+    import os
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    args = [sys.executable, "-m", "trident", "perf", "--in-process", str(repo), "-m", "add_sub",
+            "-p", "1000", "-r", "3", "-s", "1000"]
+    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=slave, timeout=120)
+    os.close(slave)
+    reader.join(5)
+    os.close(master)
+    assert p.returncode == 0
+    tty = b"".join(chunks).decode(errors="replace")
+    assert "\r\x1b[2K" in tty and "concurrency 1, window 1:" in tty and "requests (" in tty
+    assert "load generator" in tty
+    plain = perf("--in-process", str(repo), "-m", "add_sub", *FAST)
+    assert plain.returncode == 0 and "\x1b" not in plain.stderr and "window 1:" not in plain.stderr

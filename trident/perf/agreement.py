@@ -97,6 +97,17 @@ def _h2load(target: str, frame: bytes, conc: int, seconds: float, h1_header: int
     return int(m.group(1)) / seconds, (lat[len(lat) // 2] / 1e3 if lat else 0.0)
 
 
+def _references(a: argparse.Namespace, proto: str, conc: int, body: bytes, hdr: int, frame: bytes,
+                runs: dict[str, list[tuple[float, float]]]) -> None:
+    """One run of each reference tool for ``proto`` at ``conc``, added to ``runs``."""
+    if proto == "http":
+        infer_url = f"http://{a.http}/v2/models/{a.model}/infer"
+        runs.setdefault("wrk", []).append(_wrk(infer_url, body, hdr, conc, a.seconds))
+        runs.setdefault("h2load --h1", []).append(_h2load(infer_url, body, conc, a.seconds, h1_header=hdr))
+    else:
+        runs.setdefault("h2load", []).append(_h2load(a.grpc, frame, conc, a.seconds))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--http", default="127.0.0.1:8000")
@@ -106,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,8,64")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--protocols", default="http,grpc")
-    ap.add_argument("--repeat", type=int, default=1, help="interleaved runs per row; the medians are shown")
+    ap.add_argument("--repeat", type=int, default=5,
+                    help="interleaved runs per row (which tool goes first alternates); the medians are shown")
     a = ap.parse_args(argv)
     info = open_control("http", a.http).model_info(a.model, "")
     tensors = build_requests(info, 1, parse_shapes(a.shape), "random")[0]
@@ -121,14 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         for conc in (int(c) for c in a.concurrency.split(",")):
             runs: dict[str, list[tuple[float, float]]] = {}
             mine: list[tuple[float, float, float]] = []
-            for _ in range(max(1, a.repeat)):
-                if proto == "http":
-                    infer_url = f"http://{a.http}/v2/models/{a.model}/infer"
-                    runs.setdefault("wrk", []).append(_wrk(infer_url, body, hdr, conc, a.seconds))
-                    runs.setdefault("h2load --h1", []).append(_h2load(infer_url, body, conc, a.seconds, h1_header=hdr))
-                else:
-                    runs.setdefault("h2load", []).append(_h2load(a.grpc, frame, conc, a.seconds))
-                mine.append(_perf(proto, a.http if proto == "http" else a.grpc, a.model, a.shape, conc, a.seconds))
+            target = a.http if proto == "http" else a.grpc
+            for i in range(max(1, a.repeat)):
+                # alternate which tool goes first, so that a machine getting faster or slower
+                # during the row favours neither
+                if i % 2:
+                    mine.append(_perf(proto, target, a.model, a.shape, conc, a.seconds))
+                _references(a, proto, conc, body, hdr, frame, runs)
+                if not i % 2:
+                    mine.append(_perf(proto, target, a.model, a.shape, conc, a.seconds))
             ours, p50, cpu = (statistics.median(v) for v in zip(*mine, strict=True))
             for name, values in runs.items():
                 ref, ref_p50 = (statistics.median(v) for v in zip(*values, strict=True))

@@ -96,12 +96,25 @@ def _average_samples(samples: list[dict[str, float]]) -> dict[str, float]:
 
 
 class Progress:
-    """Progress on stderr: one rewritten line on a terminal, plain lines otherwise."""
+    """Progress on stderr: on a terminal one line rewritten as the measurement goes (the level,
+    the window, its elapsed time, requests so far and their rate, refreshed 4 times a second);
+    otherwise plain lines, one per event (no live status)."""
+
+    STATUS_EVERY_S = 0.25
 
     def __init__(self, stream: TextIO, verbose: bool) -> None:
         self.stream = stream
         self.tty = stream.isatty()
         self.verbose = verbose
+        self._status_at = 0.0
+
+    def status(self, text: str) -> None:
+        """A live status line (a terminal only; at most every STATUS_EVERY_S seconds)."""
+        now = time.monotonic()
+        if self.tty and now - self._status_at >= self.STATUS_EVERY_S:
+            self._status_at = now
+            self.stream.write("\r\x1b[2K" + text)
+            self.stream.flush()
 
     def line(self, text: str) -> None:
         if self.tty:
@@ -128,6 +141,7 @@ class _Measurer:
         self.pending = np.zeros((0, RECORD_FIELDS), np.int64)
         self.cpu = 0.0
         self.delayed = 0
+        self.label = ""  # what the live status names (the level and the window)
 
     def _take(self, messages: list[tuple[int, tuple]]) -> None:  # type: ignore[type-arg]
         chunks = [self.pending]
@@ -170,6 +184,12 @@ class _Measurer:
                         break
             elif time.monotonic_ns() >= end_ns and min(self.workers.seen_ns) >= end_ns:
                 break
+            if self.progress.tty:
+                elapsed = max(1e-9, (time.monotonic_ns() - start_ns) / 1e9)
+                done = (f"{len(in_window):,}/{o.measurement_request_count:,} requests" if count_mode
+                        else f"{elapsed:.1f}/{o.measurement_interval_ms / 1000:g} s, {len(in_window):,} requests")
+                self.progress.status(f"{self.label}: {done} ({len(in_window) / elapsed:,.0f}/s), "
+                                     f"load generator {100 * self.cpu / elapsed:.0f}% CPU")
             if len(in_window):
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress > o.timeout_s:
@@ -226,6 +246,7 @@ def sweep(o: PerfOptions, control: Control, workers: Load, info: ModelInfo, prog
             grown = False
             stable = False
             for trial in range(o.max_trials):
+                measurer.label = f"{what}, window {trial + 1}"
                 s = measurer.window(start)
                 start = time.monotonic_ns() if o.measurement_mode == "count_windows" else \
                     start + o.measurement_interval_ms * 1_000_000
