@@ -890,16 +890,21 @@ class Connection:
                     self.guard.data_sent(frames)
                     frames = 0
             if pos < end:
-                waiter = self._window_event
-                await self._flush()
-                try:
-                    window = h2c.local_flow_control_window(call.stream_id)
-                except http2.StreamClosedError:
-                    raise _StreamGone() from None
-                if window <= 0:
-                    await waiter.wait()
+                await self._wait_for_window(call)
         if flush:
             await self._flush()
+
+    async def _wait_for_window(self, call: Call) -> None:
+        """Flush what is queued, then, if ``call``'s send window is still closed, wait until the
+        peer widens a window (the caller asks again). Raises _StreamGone."""
+        waiter = self._window_event
+        await self._flush()
+        try:
+            window = self.engine.local_flow_control_window(call.stream_id)
+        except http2.StreamClosedError:
+            raise _StreamGone() from None
+        if window <= 0:
+            await waiter.wait()
 
     async def _send_views(self, call: Call, views: list[memoryview], size: int) -> None:
         """Send one framed message given as byte views (a plain TCP connection and trident's
@@ -914,14 +919,7 @@ class Connection:
             except http2.StreamClosedError:
                 raise _StreamGone() from None
             if window <= 0:
-                waiter = self._window_event
-                await self._flush()
-                try:
-                    window = h2c.local_flow_control_window(call.stream_id)
-                except http2.StreamClosedError:
-                    raise _StreamGone() from None
-                if window <= 0:
-                    await waiter.wait()
+                await self._wait_for_window(call)
                 continue
             n = min(window, size)
             chunk, views = _split_views(views, n)
@@ -964,11 +962,7 @@ class Connection:
                     if n:
                         buffers[0] = memoryview(buffers[0]).cast("B")[n:]
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._broken = True
-                if self._nursery is not None:
-                    self._nursery.cancel_scope.cancel()
-                self._reader_scope.cancel()
-                await trio.lowlevel.checkpoint()
+                await self._broken_connection()
         finally:
             lock.release()
 
@@ -1015,11 +1009,15 @@ class Connection:
                 if pos < end and view is None:
                     view = memoryview(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self._broken = True
-            if self._nursery is not None:
-                self._nursery.cancel_scope.cancel()
-            self._reader_scope.cancel()
-            await trio.lowlevel.checkpoint()
+            await self._broken_connection()
+
+    async def _broken_connection(self) -> None:
+        """A write failed: nothing more is sent, every call is cancelled, the reader stops."""
+        self._broken = True
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        self._reader_scope.cancel()
+        await trio.lowlevel.checkpoint()
 
 
 def _split_views(views: list[memoryview], n: int) -> tuple[list[memoryview], list[memoryview]]:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import hpack
 
+from trident.protocol.http2_headers import table_neutral
+
 __all__ = [
     "PerfError", "Tensor", "http_infer_request", "HTTPResponseReader", "grpc_infer_message",
     "H2Connection", "H2Event", "decode_fields", "grpc_messages",
@@ -548,7 +550,7 @@ class H2Connection:
                            for k, v in self._decoder.decode(block)]
             except hpack.HPACKError as e:
                 raise PerfError(f"bad HPACK block from the server: {e}") from None
-            if not _table_neutral(block):
+            if not table_neutral(block):
                 # the block may have changed the dynamic table: the same bytes may mean other headers
                 self._header_cache.clear()
                 self._answer = None
@@ -578,46 +580,6 @@ class H2Connection:
                               s.message or ("" if s.status is not None else "no grpc-status"), body))
 
 
-def _hpack_int(block: bytes, i: int, prefix: int) -> tuple[int, int]:
-    """An HPACK integer (RFC 7541 §5.1) whose first byte is ``block[i]``: (value, next index)."""
-    mask = (1 << prefix) - 1
-    value = block[i] & mask
-    i += 1
-    if value < mask:
-        return value, i
-    shift = 0
-    while i < len(block):
-        b = block[i]
-        i += 1
-        value += (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return value, i
-    raise IndexError("truncated HPACK integer")
-
-
-def _table_neutral(block: bytes) -> bool:
-    """Whether an HPACK block leaves the dynamic table as it is (RFC 7541 §6): only indexed
-    fields and literals without indexing or never indexed, no size update. While the table does
-    not change, the same bytes mean the same headers."""
-    i, n = 0, len(block)
-    try:
-        while i < n:
-            b = block[i]
-            if b & 0x80:  # indexed field (§6.1)
-                _, i = _hpack_int(block, i, 7)
-                continue
-            if b & 0xE0:  # incremental indexing (§6.2.1) or a table size update (§6.3)
-                return False
-            index, i = _hpack_int(block, i, 4)  # without indexing / never indexed (§6.2.2, §6.2.3)
-            for _ in range(1 if index else 2):  # the name when not indexed, then the value
-                length, i = _hpack_int(block, i, 7)
-                i += length
-        return i == n
-    except IndexError:
-        return False
-
-
 def _whole_answer(data: bytes, stream: int) -> tuple[bytearray, tuple[int, ...], int] | None:
     """``data`` as a template for the same answer on another stream, when it is exactly one
     unary call's answer on ``stream``: HEADERS, DATA frames, trailing HEADERS with END_STREAM,
@@ -633,7 +595,7 @@ def _whole_answer(data: bytes, stream: int) -> tuple[bytearray, tuple[int, ...],
             return None
         payload = data[i + 9:i + 9 + length]
         if kind == _HEADERS:
-            if flags & 0x28 or not flags & _END_HEADERS or not _table_neutral(payload):
+            if flags & 0x28 or not flags & _END_HEADERS or not table_neutral(payload):
                 return None
         elif kind == _DATA:
             if flags & (0x8 | _END_STREAM):

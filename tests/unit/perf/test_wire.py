@@ -206,13 +206,13 @@ def test_h2_client_drops_its_template_when_the_table_changes():
 
 
 def test_table_neutral_hpack_blocks():
-    from trident.perf.wire import _table_neutral, _whole_answer
+    from trident.perf.wire import _whole_answer, table_neutral
 
-    assert _table_neutral(b"\x88\xc0\xbf")  # indexed fields only
-    assert _table_neutral(b"\x0f\x10\x01" + b"0")  # literal without indexing, indexed name (index 31)
-    assert _table_neutral(b"\x10\x03abc\x01x")  # never indexed, literal name
-    assert not _table_neutral(b"\x40\x03abc\x01x")  # incremental indexing adds an entry
-    assert not _table_neutral(b"\x3f\xe1\x1f")  # a table size update
-    assert not _table_neutral(b"\x00\x05ab")  # truncated string
+    assert table_neutral(b"\x88\xc0\xbf")  # indexed fields only
+    assert table_neutral(b"\x0f\x10\x01" + b"0")  # literal without indexing, indexed name (index 31)
+    assert table_neutral(b"\x10\x03abc\x01x")  # never indexed, literal name
+    assert not table_neutral(b"\x40\x03abc\x01x")  # incremental indexing adds an entry
+    assert not table_neutral(b"\x3f\xe1\x1f")  # a table size update
+    assert not table_neutral(b"\x00\x05ab")  # truncated string
     frame = struct.pack(">I", 3)[1:] + bytes([1, 4]) + struct.pack(">I", 3)
     assert _whole_answer(frame + b"\x88\xc0\xbf", 3) is None  # no DATA and trailers
