@@ -505,6 +505,8 @@ class Connection:
             if cuts:  # a chunk of many frames: the engine gets it in slices, other tasks run in between
                 start = 0
                 for cut in [*cuts, len(data)]:
+                    if start:
+                        await trio.lowlevel.checkpoint()  # a flush that writes at once does not yield
                     if not await self._receive(data[start:cut]):
                         return
                     start = cut
@@ -720,11 +722,11 @@ class Connection:
 
     def _open_call(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]], ended: bool) -> None:
         if self._draining:
-            self.engine.reset_stream(stream_id, http2.REFUSED_STREAM)
+            self._refuse_stream(stream_id)
             return
         if len(self.calls) >= self.config.max_concurrent_streams:
             # RFC 9113 §5.1.2: a stream error; the engine decoded the block, so HPACK stays in step
-            self.engine.reset_stream(stream_id, http2.REFUSED_STREAM)
+            self._refuse_stream(stream_id)
             if not self.guard.stream_refused(self._last_received):
                 self.abuse = self.guard.abuse
             return
@@ -749,6 +751,14 @@ class Connection:
         self.calls[stream_id] = call
         assert self._nursery is not None
         self._nursery.start_soon(self._run_call, call, entry)
+
+    def _refuse_stream(self, stream_id: int) -> None:
+        """RST_STREAM(REFUSED_STREAM), unless the stream is already closed (the client reset it
+        in the same chunk as its HEADERS: the engine has read both before the request is seen)."""
+        try:
+            self.engine.reset_stream(stream_id, http2.REFUSED_STREAM)
+        except http2.StreamClosedError:
+            pass
 
     def _parse_headers(self, headers: Sequence[tuple[bytes, bytes]]) -> tuple[Any, ...]:
         """What a request header list asks for: ``(path, method entry, encoding, timeout

@@ -552,6 +552,39 @@ async def test_streams_over_the_limit_are_refused_and_the_connection_survives(nu
         assert c.goaway is None
 
 
+async def test_a_stream_over_the_limit_reset_in_the_same_chunk_is_refused_quietly(nursery):
+    """HEADERS and RST_STREAM of a stream beyond MAX_CONCURRENT_STREAMS in one write: the engine
+    has closed the stream before the transport sees the request, so there is nothing to refuse;
+    the connection goes on (it used to fail on the h2 engine with StreamClosedError)."""
+    port, rec = await start(nursery, max_concurrent_streams=2)
+    async with open_raw(port) as c:
+        with trio.fail_after(5):
+            while c.h2.remote_settings.max_concurrent_streams != 2:
+                await c.window_changed.wait()
+        c.h2.remote_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = 100
+        c.h2.remote_settings.acknowledge()
+        waiting = []
+        for _ in range(2):
+            s = await c.open("/test.T/Wait")
+            await c.send(s, frame(b""), end_stream=True)
+            waiting.append(s)
+        await rec.started.wait()
+        for _ in range(3):  # each: HEADERS then RST_STREAM, one write
+            sid = c.h2.get_next_available_stream_id()
+            c.h2.send_headers(sid, [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/test.T/Echo"),
+                                    (b":authority", b"localhost"), (b"content-type", b"application/grpc"),
+                                    (b"te", b"trailers")])
+            c.h2.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+            await c.flush()
+        rec.release.set()
+        for s in waiting:
+            with trio.fail_after(5):
+                await s.closed.wait()
+            assert s.status == GRPC_OK
+        again = await c.unary("/test.T/Echo", b"still up")
+        assert again.status == GRPC_OK and again.messages() == [b"still up"] and c.goaway is None
+
+
 async def test_prefixes_alone_buffer_nothing(nursery):
     budget = ServerBudget(1 << 30)
     port, _ = await start(nursery, budget, max_message_size=64 << 20)
