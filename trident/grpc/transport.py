@@ -722,11 +722,11 @@ class Connection:
 
     def _open_call(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]], ended: bool) -> None:
         if self._draining:
-            self._refuse_stream(stream_id)
+            self._reset_quietly(stream_id, http2.REFUSED_STREAM)
             return
         if len(self.calls) >= self.config.max_concurrent_streams:
             # RFC 9113 §5.1.2: a stream error; the engine decoded the block, so HPACK stays in step
-            self._refuse_stream(stream_id)
+            self._reset_quietly(stream_id, http2.REFUSED_STREAM)
             if not self.guard.stream_refused(self._last_received):
                 self.abuse = self.guard.abuse
             return
@@ -751,14 +751,6 @@ class Connection:
         self.calls[stream_id] = call
         assert self._nursery is not None
         self._nursery.start_soon(self._run_call, call, entry)
-
-    def _refuse_stream(self, stream_id: int) -> None:
-        """RST_STREAM(REFUSED_STREAM), unless the stream is already closed (the client reset it
-        in the same chunk as its HEADERS: the engine has read both before the request is seen)."""
-        try:
-            self.engine.reset_stream(stream_id, http2.REFUSED_STREAM)
-        except http2.StreamClosedError:
-            pass
 
     def _parse_headers(self, headers: Sequence[tuple[bytes, bytes]]) -> tuple[Any, ...]:
         """What a request header list asks for: ``(path, method entry, encoding, timeout
@@ -812,10 +804,12 @@ class Connection:
         if not ended:
             self._reset_quietly(stream_id)
 
-    def _reset_quietly(self, stream_id: int) -> None:
-        """RST_STREAM(NO_ERROR) after our trailers, unless the client already finished its side."""
+    def _reset_quietly(self, stream_id: int, error_code: int = http2.NO_ERROR) -> None:
+        """RST_STREAM unless the stream is already closed: NO_ERROR after our trailers when the
+        client has not finished its side; REFUSED_STREAM for a stream refused at open, which the
+        client may have reset in the same chunk as its HEADERS (the engine read both first)."""
         try:
-            self.engine.reset_stream(stream_id, http2.NO_ERROR)
+            self.engine.reset_stream(stream_id, error_code)
         except http2.StreamClosedError:
             pass
 

@@ -506,8 +506,6 @@ class BatchExecutor:
 
     def _live(self, batch: list[Pending]) -> list[Pending]:
         """The requests of ``batch`` not cancelled (the others are dropped)."""
-        if len(batch) == 1 and not batch[0].request.cancelled:
-            return batch
         live = []
         for p in batch:
             if p.request.cancelled:

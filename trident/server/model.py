@@ -345,8 +345,7 @@ class ModelVersion:
         try:
             response = mailbox.receive_nowait()
         except trio.WouldBlock:  # the model answers later, through its response sender
-            self.inflight += 1
-            self._idle = trio.Event() if self.inflight == 1 else self._idle
+            self._started()
             try:
                 response = await mailbox.receive()
             except trio.Cancelled:
@@ -354,9 +353,7 @@ class ModelVersion:
                 self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
                 raise
             finally:
-                self.inflight -= 1
-                if self.inflight == 0:
-                    self._idle.set()
+                self._ended()
         finally:
             mailbox.close()
             request.responder = None  # no request <-> responder cycle
@@ -399,6 +396,17 @@ class ModelVersion:
             return
         await self._respond(request, send, batch_size, trace)
 
+    def _started(self) -> None:
+        """A request that awaits is in flight (unloading waits for ``_idle``)."""
+        self.inflight += 1
+        if self.inflight == 1:
+            self._idle = trio.Event()
+
+    def _ended(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+
     def _admit(self, request: InferenceRequest) -> int:
         """The request's batch size, once it may run. Raises TritonError: UNAVAILABLE when the
         version is not serving, INVALID_ARG for a bad request."""
@@ -413,8 +421,7 @@ class ModelVersion:
         if pending is None:
             pending = Pending(request, batch_size, self.executor.finish)
         last: InferenceResponse | None = None
-        self.inflight += 1
-        self._idle = trio.Event() if self.inflight == 1 else self._idle
+        self._started()
         try:
             key = None
             if self.cache is not None:
@@ -482,17 +489,14 @@ class ModelVersion:
             if pending.responder.window is not None:
                 pending.responder.window.close()
             request.responder = None  # no request <-> responder cycle: the request is freed when dropped
-            self.inflight -= 1
-            if self.inflight == 0:
-                self._idle.set()
+            self._ended()
 
     async def _infer_ensemble(self, ensemble: EnsembleScheduler, request: InferenceRequest, send: SendResponse,
                               batch: int, trace: Any) -> None:
         """An ensemble's request: the cache, then its steps (see infer_stream)."""
         run = ensemble.request(request, send, batch if self.max_batch_size > 0 else 0)
         run.trace = trace
-        self.inflight += 1
-        self._idle = trio.Event() if self.inflight == 1 else self._idle
+        self._started()
         try:
             if self.cache is not None and not self.decoupled:
                 lookup_start = time.monotonic_ns()
@@ -522,9 +526,7 @@ class ModelVersion:
             if trace is not None and self._tracer is not None:
                 self._tracer.record(trace, [("REQUEST_START", request.arrival_ns), ("QUEUE_START", run.started_ns),
                                             ("REQUEST_END", time.monotonic_ns())], run.response)
-            self.inflight -= 1
-            if self.inflight == 0:
-                self._idle.set()
+            self._ended()
 
     def _record_ensemble(self, run: EnsembleRequest, batch: int) -> None:
         sums = run.sums

@@ -522,21 +522,27 @@ async def test_large_header_list_fails_its_stream_and_keeps_the_connection(serve
         assert c.goaway is None
 
 
+async def _fill_streams(c, rec, limit: int) -> list:
+    """Once the server's MAX_CONCURRENT_STREAMS (``limit``) has arrived, ignore it (as h2 would
+    not: it refuses to open one more) and keep ``limit`` Wait calls running; returns them."""
+    with trio.fail_after(5):
+        while c.h2.remote_settings.max_concurrent_streams != limit:
+            await c.window_changed.wait()
+    c.h2.remote_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = 100
+    c.h2.remote_settings.acknowledge()
+    waiting = []
+    for _ in range(limit):
+        s = await c.open("/test.T/Wait")
+        await c.send(s, frame(b""), end_stream=True)
+        waiting.append(s)
+    await rec.started.wait()
+    return waiting
+
+
 async def test_streams_over_the_limit_are_refused_and_the_connection_survives(nursery):
     port, rec = await start(nursery, max_concurrent_streams=4)
     async with open_raw(port) as c:
-        with trio.fail_after(5):
-            while c.h2.remote_settings.max_concurrent_streams != 4:
-                await c.window_changed.wait()
-        # a client that ignores the advertised limit (h2 would refuse to open the fifth stream)
-        c.h2.remote_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = 100
-        c.h2.remote_settings.acknowledge()
-        waiting = []
-        for _ in range(4):
-            s = await c.open("/test.T/Wait")
-            await c.send(s, frame(b""), end_stream=True)
-            waiting.append(s)
-        await rec.started.wait()
+        waiting = await _fill_streams(c, rec, 4)
         extra = await c.open("/test.T/Echo", extra=[(b"x-new-header", b"indexed by the refused block")])
         with trio.fail_after(5):
             await extra.closed.wait()
@@ -558,17 +564,7 @@ async def test_a_stream_over_the_limit_reset_in_the_same_chunk_is_refused_quietl
     the connection goes on (it used to fail on the h2 engine with StreamClosedError)."""
     port, rec = await start(nursery, max_concurrent_streams=2)
     async with open_raw(port) as c:
-        with trio.fail_after(5):
-            while c.h2.remote_settings.max_concurrent_streams != 2:
-                await c.window_changed.wait()
-        c.h2.remote_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = 100
-        c.h2.remote_settings.acknowledge()
-        waiting = []
-        for _ in range(2):
-            s = await c.open("/test.T/Wait")
-            await c.send(s, frame(b""), end_stream=True)
-            waiting.append(s)
-        await rec.started.wait()
+        waiting = await _fill_streams(c, rec, 2)
         for _ in range(3):  # each: HEADERS then RST_STREAM, one write
             sid = c.h2.get_next_available_stream_id()
             c.h2.send_headers(sid, [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/test.T/Echo"),
