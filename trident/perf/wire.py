@@ -331,8 +331,8 @@ class H2Connection:
         self._header_buf: dict[int, tuple[bytearray, int]] = {}
         self.messages: dict[int, bytearray] = {}
         #: a successful unary answer that came in one read: (its bytes, where its frames' stream
-        #: ids are, its DATA length), see :func:`_whole_answer`
-        self._answer: tuple[bytearray, tuple[int, ...], int] | None = None
+        #: ids are, its DATA length, the connection window it returns), see :func:`_whole_answer`
+        self._answer: tuple[bytearray, tuple[int, ...], int, int] | None = None
 
     def initiate(self) -> bytes:
         settings = struct.pack(">HI", 0x2, 0) + struct.pack(">HI", 0x4, _OUR_WINDOW)
@@ -442,7 +442,7 @@ class H2Connection:
             # the same whole answer again (a unary call's HEADERS, DATA and trailers in one read,
             # byte for byte but the stream id): its blocks leave the HPACK table as it is, so
             # nothing needs decoding (as HTTPResponseReader does for HTTP/1.1)
-            buf, positions, data_length = answer
+            buf, positions, data_length, window = answer
             sid = data[5:9]
             for at in positions:
                 buf[at:at + 4] = sid
@@ -450,6 +450,7 @@ class H2Connection:
                 stream = int.from_bytes(sid, "big") & 0x7FFFFFFF
                 if self._streams.pop(stream, None) is not None:
                     self._count_data(data_length)
+                    self._conn_window += window
                     return [H2Event(stream, 0, "")]
         fresh = not self._in
         self._in += data
@@ -580,20 +581,30 @@ class H2Connection:
                               s.message or ("" if s.status is not None else "no grpc-status"), body))
 
 
-def _whole_answer(data: bytes, stream: int) -> tuple[bytearray, tuple[int, ...], int] | None:
+def _whole_answer(data: bytes, stream: int) -> tuple[bytearray, tuple[int, ...], int, int] | None:
     """``data`` as a template for the same answer on another stream, when it is exactly one
     unary call's answer on ``stream``: HEADERS, DATA frames, trailing HEADERS with END_STREAM,
-    nothing padded or prioritised, both header blocks table-neutral. None otherwise."""
+    nothing padded or prioritised, both header blocks table-neutral, optionally followed by
+    connection WINDOW_UPDATEs (gRPC C++ servers, Triton among them, return the request's bytes
+    that way in the same write). None otherwise. The last item is the window they return."""
     positions: list[int] = []
     kinds: list[tuple[int, int]] = []
     data_length = 0
+    window = 0
     i = 0
     while i + 9 <= len(data):
         length = int.from_bytes(data[i:i + 3], "big")
         kind, flags = data[i + 3], data[i + 4]
-        if int.from_bytes(data[i + 5:i + 9], "big") & 0x7FFFFFFF != stream or i + 9 + length > len(data):
+        frame_stream = int.from_bytes(data[i + 5:i + 9], "big") & 0x7FFFFFFF
+        if i + 9 + length > len(data):
             return None
         payload = data[i + 9:i + 9 + length]
+        if kind == _WINDOW and frame_stream == 0 and length == 4 and kinds and kinds[-1] == (_HEADERS, _END_STREAM):
+            window += int.from_bytes(payload, "big") & 0x7FFFFFFF
+            i += 9 + length
+            continue
+        if frame_stream != stream or window:
+            return None
         if kind == _HEADERS:
             if flags & 0x28 or not flags & _END_HEADERS or not table_neutral(payload):
                 return None
@@ -609,7 +620,7 @@ def _whole_answer(data: bytes, stream: int) -> tuple[bytearray, tuple[int, ...],
     if i != len(data) or len(kinds) < 3 or kinds[0] != (_HEADERS, 0) or kinds[-1] != (_HEADERS, _END_STREAM) \
             or any(k != (_DATA, 0) for k in kinds[1:-1]):
         return None
-    return bytearray(data), tuple(positions), data_length
+    return bytearray(data), tuple(positions), data_length, window
 
 
 def _unpercent(text: str) -> str:

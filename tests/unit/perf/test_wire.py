@@ -181,6 +181,37 @@ def test_h2_client_recognises_a_repeated_answer_whole():
     assert [(e.stream, e.status) for e in c.receive(_answer(server, sid, body=b"no"))] == [(sid, 0)]
 
 
+def test_h2_client_recognises_an_answer_followed_by_a_window_update():
+    """gRPC C++ servers (Triton) write the answer and a connection WINDOW_UPDATE for the
+    request's bytes together: the template includes it and returns the window each time; a
+    WINDOW_UPDATE for the stream, or one before the trailers, is decoded frame by frame."""
+    c = H2Connection("h:1")
+    server = _server()
+    payload = b"\x0a\x01x"
+    sid, data = c.unary("/m", payload)
+    server.receive_data(c.initiate() + data)
+    c.receive(server.data_to_send())
+    c.receive(_answer(server, sid))
+    start = c._conn_window
+    for _ in range(4):
+        sid, data = c.unary("/m", payload)
+        server.receive_data(data)
+        update = struct.pack(">I", 4)[1:] + bytes([8, 0]) + struct.pack(">II", 0, len(payload) + 5)
+        assert [(e.stream, e.status) for e in c.receive(_answer(server, sid) + update)] == [(sid, 0)]
+        assert c._conn_window == start and c.open_streams == 0
+    assert c._answer is not None and c._answer[3] == len(payload) + 5
+    from trident.perf.wire import _whole_answer
+
+    answer = bytes(c._answer[0])
+    sid = int.from_bytes(answer[5:9], "big")
+    bare, update = answer[:-13], answer[-13:]
+    assert _whole_answer(bare + update + update, sid)[3] == 2 * (len(payload) + 5)  # type: ignore[index]
+    per_stream = struct.pack(">I", 4)[1:] + bytes([8, 0]) + struct.pack(">II", sid, 8)
+    assert _whole_answer(bare + per_stream, sid) is None
+    assert _whole_answer(update + bare, sid) is None  # before the answer
+    assert _whole_answer(bare + update + bare[-10:], sid) is None  # a frame after it
+
+
 def test_h2_client_drops_its_template_when_the_table_changes():
     """The template's index bytes mean other headers once a block adds to the dynamic table."""
     import hpack
