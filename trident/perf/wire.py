@@ -432,6 +432,8 @@ class H2Connection:
             s.end_stream = False
 
     def outgoing(self) -> bytes:
+        if not self._out:
+            return b""
         out = bytes(self._out)
         self._out.clear()
         return out

@@ -51,7 +51,7 @@ class WorkerSpec:
 
 
 class _Conn:
-    __slots__ = ("sock", "http", "h2", "stream", "busy", "start", "sent", "first", "out", "msgbuf")
+    __slots__ = ("sock", "http", "h2", "stream", "busy", "start", "sent", "first", "out", "msgbuf", "open")
 
     def __init__(self, sock: socket.socket, spec: WorkerSpec) -> None:
         self.sock = sock
@@ -63,6 +63,7 @@ class _Conn:
         self.start = self.sent = self.first = 0
         self.out = b""
         self.msgbuf = bytearray()
+        self.open = True  # False once dropped
 
 
 class _Worker:
@@ -124,6 +125,7 @@ class _Worker:
         if self.by_fd.pop(fd, None) is not None:
             self.ep.unregister(fd)
         c.sock.close()
+        c.open = False
         if c in self.conns:
             self.conns.remove(c)
         if c in self.idle:
@@ -234,7 +236,7 @@ class _Worker:
             self._write(c, out)
 
     def _next(self, c: _Conn) -> None:
-        if c not in self.conns:
+        if not c.open:
             return
         if self.mode == "concurrency" and not self.pausing and self.busy + len(self.to_send) < self.target:
             self.to_send.append(c)
@@ -322,7 +324,7 @@ class _Worker:
             if self.to_send:
                 batch, self.to_send = self.to_send, []
                 for c in batch:
-                    if c in self.conns:
+                    if c.open:
                         self._send(c)
             now = time.monotonic_ns()
             if self.mode == "rate" and not self.pausing:
