@@ -337,10 +337,10 @@ class _Worker:
                             if now - self.last_flush >= _FLUSH_NS:
                                 self._flush(now)
                                 records = self.records
-                            if pipe.poll():
+                            if pipe.poll():  # idle: the command decides what it sends next
                                 c.busy = False
                                 self.busy -= 1
-                                self._next(c)
+                                self.idle.append(c)
                                 return
                         payload = payloads[self.turn]
                         self.turn = (self.turn + 1) % len(payloads)
