@@ -49,6 +49,18 @@ def _spec(url: str, request: bytes) -> WorkerSpec:
     return WorkerSpec("http", host, int(port), (request,))
 
 
+def _one_connection(url: str, request: bytes, seconds: float) -> tuple[np.ndarray, list[tuple]]:  # type: ignore[type-arg]
+    """A worker at concurrency 1 for ``seconds``: its records and messages (then stopped)."""
+    workers = _Workers(_spec(url, request))
+    try:
+        workers.grow(1)
+        workers.send_all([("concurrency", 1)])
+        records, _, messages = _collect(workers, seconds)
+    finally:
+        workers.close()
+    return records, messages
+
+
 def test_one_connection_loop_measures_pauses_resumes_and_stops(server: RunningServer):
     workers = _Workers(_spec(server.http_url, _request(server.http_url)))
     try:
@@ -72,13 +84,7 @@ def test_one_connection_loop_measures_pauses_resumes_and_stops(server: RunningSe
 
 
 def test_one_connection_loop_reports_a_failed_answer(server: RunningServer):
-    workers = _Workers(_spec(server.http_url, _request(server.http_url, name="NO_SUCH_INPUT")))
-    try:
-        workers.grow(1)
-        workers.send_all([("concurrency", 1)])
-        records, _, messages = _collect(workers, 0.3)
-    finally:
-        workers.close()
+    records, messages = _one_connection(server.http_url, _request(server.http_url, name="NO_SUCH_INPUT"), 0.3)
     errors = [m[5] for m in messages if m[5]]
     assert errors and errors[0].startswith("HTTP 400") and "NO_SUCH_INPUT" in errors[0]
     assert (records[:, 4] == 0).any()
@@ -105,13 +111,9 @@ def test_one_connection_loop_reports_a_server_that_hangs_up():
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     url = f"127.0.0.1:{port}"
-    workers = _Workers(_spec(url, _request(url)))
     try:
-        workers.grow(1)
-        workers.send_all([("concurrency", 1)])
-        records, _, messages = _collect(workers, 0.5)
+        records, messages = _one_connection(url, _request(url), 0.5)
     finally:
-        workers.close()
         listener.close()
     thread.join(5)
     assert int((records[:, 4] == 1).sum()) == 2
