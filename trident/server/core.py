@@ -23,7 +23,7 @@ from trident.observability.trace import TraceSettings
 from trident.observability.tracing import Tracer, parse_trace_config
 from trident.options import ServerOptions
 from trident.protocol.generated.inference import ModelConfig
-from trident.server.execution import abandon_running_calls
+from trident.server.execution import InFlight, abandon_running_calls
 from trident.server.model import ModelVersion
 from trident.server.repository import ModelRepository
 from trident.server.shared_memory import SharedMemory
@@ -75,9 +75,7 @@ class Server:
         #: models still loading at start-up (the front ends listen meanwhile: live, not ready)
         self.loading = False
         self._repository_nursery = repository_nursery
-        self._inflight = 0
-        self._drained = trio.Event()
-        self._drained.set()
+        self._inflight = InFlight()
 
     # ---- health and metadata --------------------------------------------------------------
 
@@ -180,14 +178,10 @@ class Server:
     def _admit(self) -> None:
         if self.stopping:
             raise unavailable("Server is stopping")
-        self._inflight += 1
-        if self._inflight == 1:
-            self._drained = trio.Event()
+        self._inflight.enter()
 
     def _release(self) -> None:
-        self._inflight -= 1
-        if self._inflight == 0:
-            self._drained.set()
+        self._inflight.leave()
 
     async def infer(self, request: InferenceRequest, *, endpoint: str = "HTTP end point") -> InferenceResponse:
         """Run a request that must give exactly one response.
@@ -260,7 +254,7 @@ class Server:
     async def wait_drained(self, timeout: float) -> bool:
         """Wait until no request is in flight or ``timeout`` seconds pass; True if drained."""
         with trio.move_on_after(timeout):
-            await self._drained.wait()
+            await self._inflight.idle.wait()
             return True
         return False
 
@@ -322,7 +316,7 @@ async def open_server(options: ServerOptions | None = None,
                 # the exit's one deadline (set by serve at the signal), else exit_timeout_secs from now
                 deadline = server.exit_deadline or trio.current_time() + options.exit_timeout_secs
                 if not await server.wait_drained(max(0.0, deadline - trio.current_time())):
-                    log.warning("exit timeout expired with %d request(s) in flight", server._inflight)
+                    log.warning("exit timeout expired with %d request(s) in flight", server._inflight.count)
                 # well-behaved models still get a moment to finalize after a drain that used it all
                 with trio.move_on_at(max(deadline, trio.current_time() + 1.0)) as unloading:
                     await server.repository.unload_all()

@@ -201,6 +201,28 @@ class Mailbox:
         self._items.clear()
 
 
+class InFlight:
+    """Work in progress on the trio thread: a count, and ``idle``, an event set whenever the count
+    is zero (a drain awaits ``idle.wait()``, reading the attribute when it starts waiting)."""
+
+    __slots__ = ("count", "idle")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.idle = trio.Event()
+        self.idle.set()
+
+    def enter(self) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.idle = trio.Event()
+
+    def leave(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self.idle.set()
+
+
 class Pending:
     """A queued request: what the scheduler sees and the mailbox its responses travel through
     (``send`` and ``receive`` are the same :class:`Mailbox`)."""

@@ -44,7 +44,7 @@ from trident.errors import Code, TritonError, internal, unavailable
 from trident.observability.model_metrics import observer_for
 from trident.observability.stats import BACKEND, CANCELED, OTHER, REJECTED, StatsRecorder
 from trident.protocol.generated.inference import ModelConfig
-from trident.server.execution import BatchExecutor, Pending
+from trident.server.execution import BatchExecutor, InFlight, Pending
 from trident.server.worker_threads import open_thread_nursery
 from trident.types import InferenceRequest, InferenceResponse
 
@@ -93,7 +93,8 @@ class ModelVersion:
         self.latency = observer_for(server, config)  # summaries / first-response histogram (--metrics-config)
         self.load_duration_s = 0.0  # set by the repository once loaded (nv_model_load_duration_secs)
         self._tracer = getattr(server, "tracer", None)
-        self.inflight = 0
+        #: requests that await in flight (unloading waits until none is)
+        self.inflight = InFlight()
         self.dropped = 0  # cancelled while queued: never executed
         self.discarded = 0  # cancelled while running: result thrown away
         self.instances: list[ModelInstance] = []
@@ -109,8 +110,6 @@ class ModelVersion:
         self.threads: Threads = PlainThreads()  # until run() opens the nursery that owns them
         self._unload = trio.Event()
         self.stopped = trio.Event()
-        self._idle = trio.Event()
-        self._idle.set()
         self.executor = BatchExecutor(self, inline_mode(config))
         self.scheduler: Scheduler = make_scheduler(config, self.on_drop, rate_limiter=rate_limiter,
                                                    model_dir=model_dir)
@@ -145,7 +144,7 @@ class ModelVersion:
             task_status.started()
             await self._unload.wait()
             self.state = "UNLOADING"
-            await self._idle.wait()
+            await self.inflight.idle.wait()
             self.reason = "unloaded"
             return
         if self.config.model_warmup:
@@ -157,7 +156,7 @@ class ModelVersion:
             task_status.started()
             await self._unload.wait()
             self.state = "UNLOADING"
-            await self._idle.wait()
+            await self.inflight.idle.wait()
             nursery.cancel_scope.cancel()
         instances, self.instances = self.instances, []
         await self._finalize(instances)
@@ -345,7 +344,7 @@ class ModelVersion:
         try:
             response = mailbox.receive_nowait()
         except trio.WouldBlock:  # the model answers later, through its response sender
-            self._started()
+            self.inflight.enter()
             try:
                 response = await mailbox.receive()
             except trio.Cancelled:
@@ -353,7 +352,7 @@ class ModelVersion:
                 self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
                 raise
             finally:
-                self._ended()
+                self.inflight.leave()
         finally:
             mailbox.close()
             request.responder = None  # no request <-> responder cycle
@@ -396,17 +395,6 @@ class ModelVersion:
             return
         await self._respond(request, send, batch_size, trace)
 
-    def _started(self) -> None:
-        """A request that awaits is in flight (unloading waits for ``_idle``)."""
-        self.inflight += 1
-        if self.inflight == 1:
-            self._idle = trio.Event()
-
-    def _ended(self) -> None:
-        self.inflight -= 1
-        if self.inflight == 0:
-            self._idle.set()
-
     def _admit(self, request: InferenceRequest) -> int:
         """The request's batch size, once it may run. Raises TritonError: UNAVAILABLE when the
         version is not serving, INVALID_ARG for a bad request."""
@@ -421,7 +409,7 @@ class ModelVersion:
         if pending is None:
             pending = Pending(request, batch_size, self.executor.finish)
         last: InferenceResponse | None = None
-        self._started()
+        self.inflight.enter()
         try:
             key = None
             if self.cache is not None:
@@ -489,14 +477,14 @@ class ModelVersion:
             if pending.responder.window is not None:
                 pending.responder.window.close()
             request.responder = None  # no request <-> responder cycle: the request is freed when dropped
-            self._ended()
+            self.inflight.leave()
 
     async def _infer_ensemble(self, ensemble: EnsembleScheduler, request: InferenceRequest, send: SendResponse,
                               batch: int, trace: Any) -> None:
         """An ensemble's request: the cache, then its steps (see infer_stream)."""
         run = ensemble.request(request, send, batch if self.max_batch_size > 0 else 0)
         run.trace = trace
-        self._started()
+        self.inflight.enter()
         try:
             if self.cache is not None and not self.decoupled:
                 lookup_start = time.monotonic_ns()
@@ -526,7 +514,7 @@ class ModelVersion:
             if trace is not None and self._tracer is not None:
                 self._tracer.record(trace, [("REQUEST_START", request.arrival_ns), ("QUEUE_START", run.started_ns),
                                             ("REQUEST_END", time.monotonic_ns())], run.response)
-            self._ended()
+            self.inflight.leave()
 
     def _record_ensemble(self, run: EnsembleRequest, batch: int) -> None:
         sums = run.sums

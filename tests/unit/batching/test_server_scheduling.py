@@ -106,7 +106,7 @@ async def wait_started(server: Server, model: str) -> None:
     """Wait until something is in flight and nothing is queued (it left the queue: it runs)."""
     mv = server.repository.get(model)
     with trio.fail_after(10):
-        while mv.queued() or mv.inflight == 0:
+        while mv.queued() or mv.inflight.count == 0:
             await trio.sleep(0.005)
 
 

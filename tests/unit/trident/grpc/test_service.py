@@ -101,7 +101,7 @@ async def test_drain_lets_a_running_inference_finish(nursery, repo):
         s = await c.open(INFER)
         await c.send(s, frame(request("slow", 0.5)), end_stream=True)
         with trio.fail_after(10):
-            while server._inflight == 0:  # the request has reached the model
+            while server._inflight.count == 0:  # the request has reached the model
                 await trio.sleep(0.01)
         scope.cancel()
         await s.closed.wait()
@@ -116,7 +116,7 @@ async def test_stream_cancellation_reaches_the_model(nursery, repo):
         s = await c.open("/inference.GRPCInferenceService/ModelStreamInfer")
         await c.send(s, frame(request("slow", 30.0)) + frame(request("slow", 30.0)))
         with trio.fail_after(10):
-            while server._inflight < 2:
+            while server._inflight.count < 2:
                 await trio.sleep(0.01)
         await c.reset(s)
         with trio.fail_after(20):

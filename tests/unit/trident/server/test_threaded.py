@@ -107,7 +107,7 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
             with pytest.raises(asyncio.CancelledError):
                 await task
             # the server saw the cancellation: its in-flight count drains long before the 30 s
-            while await server.acall(lambda s: s._inflight) and time.monotonic() - started < 10:
+            while await server.acall(lambda s: s._inflight.count) and time.monotonic() - started < 10:
                 await asyncio.sleep(0.05)
             return time.monotonic() - started
 
