@@ -1,7 +1,7 @@
 """The load-generator worker process over its pipe protocol, against a real trident: the
 one-connection HTTP loop (blocking reads, no epoll) keeps answering pause and stop, reports
 records and CPU, and turns a failed answer or a closed connection into the worker's error.
-The closing peer is a plain socket server that answers twice and hangs up."""
+The closing peer is a plain socket server that answers twice and hangs up its side."""
 
 from __future__ import annotations
 
@@ -107,6 +107,15 @@ def test_one_connection_loop_reports_a_server_that_hangs_up():
                 while len(body) < length:
                     body += conn.recv(65536)
                 conn.sendall(answer)
+            # hang up the sending side only and keep reading, so the worker's next request is
+            # written and its answer is what never comes (an EOF, not a failed write)
+            conn.shutdown(socket.SHUT_WR)
+            conn.settimeout(5)
+            try:
+                while conn.recv(65536):
+                    pass
+            except OSError:
+                pass
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()

@@ -184,6 +184,7 @@ def _side_by_side_row(a: argparse.Namespace, proto: str, conc: int, request: byt
     target = a.http if proto == "http" else a.grpc
     host, _, port = target.rpartition(":")
     spec = WorkerSpec(proto, host, int(port), (request if proto == "http" else message,))
+    infer_url = f"http://{target}/v2/models/{a.model}/infer"
     names = ["wrk", "h2load --h1"] if proto == "http" else ["h2load"]
     for name in names:
         mine: list[tuple[float, float, float]] = []
@@ -192,11 +193,11 @@ def _side_by_side_row(a: argparse.Namespace, proto: str, conc: int, request: byt
             with tempfile.TemporaryDirectory() as d:
                 env = None
                 if name == "wrk":
-                    argv, env = _wrk_argv(d, f"http://{target}/v2/models/{a.model}/infer", body, hdr, conc, a.seconds)
+                    argv, env = _wrk_argv(d, infer_url, body, hdr, conc, a.seconds)
+                elif proto == "http":
+                    argv = _h2load_argv(d, infer_url, body, conc, a.seconds, h1_header=hdr)
                 else:
-                    argv = _h2load_argv(d, f"http://{target}/v2/models/{a.model}/infer" if proto == "http" else target,
-                                        body if proto == "http" else frame, conc, a.seconds,
-                                        hdr if proto == "http" else 0)
+                    argv = _h2load_argv(d, target, frame, conc, a.seconds)
                 rate, p50, cpu, out, err = _side_by_side(spec, conc, argv, env, a.seconds)
                 refs.append(_wrk_result(out, err) if name == "wrk" else _h2load_result(d, out, err, a.seconds))
                 mine.append((rate, p50, cpu))

@@ -197,9 +197,7 @@ class _Worker:
             c.first = self.received
         try:
             if c.http is not None:
-                for status, body in c.http.feed(data):
-                    self._finish(c, status == 200, f"HTTP {status}: {body.decode(errors='replace')}")
-                    self._next(c)
+                self._http_answers(c, c.http.feed(data))
             elif self.spec.protocol == "grpc":
                 for ev in c.h2.receive(data):  # type: ignore[union-attr]
                     if ev.stream == c.stream and c.busy:
@@ -213,6 +211,12 @@ class _Worker:
         except PerfError as e:
             self._drop(c, str(e))
         self.received = 0
+
+    def _http_answers(self, c: _Conn, answers: list[tuple[int, bytes]]) -> None:
+        for status, body in answers:
+            ok = status == 200
+            self._finish(c, ok, "" if ok else f"HTTP {status}: {body.decode(errors='replace')}")
+            self._next(c)
 
     def _stream_data(self, c: _Conn, data: bytes) -> None:
         h2 = c.h2
@@ -290,15 +294,12 @@ class _Worker:
         generator's own time between an answer and the next request is part of every round trip
         (and wrk and h2load spend about 3 us there). Returns, with the connection back to
         non-blocking and its state as the event loop keeps it, when a command arrives or anything
-        unusual happens (a partial write, a closed or failed connection, a bad answer)."""
+        unusual happens (a partial write, a closed or failed connection, a failed answer)."""
         c = self.conns[0]
         sock = c.sock
         reader = c.http
         assert reader is not None
-        records = self.records
         mono = time.monotonic_ns
-        payloads = self.payloads
-        pipe = self.pipe
         sock.setblocking(True)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _SOLO_TIMEOUT)
         check_at = mono() + _SOLO_CHECK_NS
@@ -306,69 +307,65 @@ class _Worker:
             while True:
                 try:
                     data = sock.recv(_RECV)
-                except BlockingIOError:  # SO_RCVTIMEO: nothing yet; look at the pipe and the clock
+                except BlockingIOError:  # SO_RCVTIMEO: nothing yet
                     data = None
                 except OSError as e:
                     self._drop(c, f"receive failed: {e.strerror or e}")
                     return
                 now = mono()
+                answered = False
                 if data is not None:
                     if not data:
                         self._drop(c, "the server closed the connection")
                         return
-                    if not c.first:
-                        c.first = now
+                    c.first = c.first or now
                     try:
                         answers = reader.feed(data)
                     except PerfError as e:
                         self._drop(c, str(e))
                         return
+                    if answers and (len(answers) != 1 or answers[0][0] != 200):
+                        self.received = now
+                        self._http_answers(c, answers)
+                        self.received = 0
+                        return
                     if answers:
-                        if len(answers) != 1 or answers[0][0] != 200:
-                            self.received = now
-                            for status, body in answers:
-                                self._finish(c, status == 200, f"HTTP {status}: {body.decode(errors='replace')}")
-                            self.received = 0
-                            self._next(c)
-                            return
-                        records.append((c.start, c.sent, c.first, now, 1))
-                        if now >= check_at:
-                            check_at = now + _SOLO_CHECK_NS
-                            if now - self.last_flush >= _FLUSH_NS:
-                                self._flush(now)
-                                records = self.records
-                            if pipe.poll():  # idle: the command decides what it sends next
-                                c.busy = False
-                                self.busy -= 1
-                                self.idle.append(c)
-                                return
-                        payload = payloads[self.turn]
-                        self.turn = (self.turn + 1) % len(payloads)
-                        c.first = 0
-                        c.start = mono()
-                        try:
-                            n = sock.send(payload)
-                        except OSError as e:
-                            c.busy = False
-                            self.busy -= 1
-                            self._drop(c, f"send failed: {e.strerror or e}")
-                            return
-                        c.sent = mono()
-                        if n < len(payload):
-                            c.out = payload[n:]
-                            self.ep.modify(sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
-                            return
-                        continue
-                if now >= check_at:
+                        self.records.append((c.start, c.sent, c.first, now, 1))
+                        answered = True
+                if now >= check_at:  # the pipe and the clock, now and then
                     check_at = now + _SOLO_CHECK_NS
                     if now - self.last_flush >= _FLUSH_NS:
                         self._flush(now)
-                        records = self.records
-                    if pipe.poll():
+                    if self.pipe.poll():
+                        if answered:  # idle: the command decides what it sends next
+                            c.busy = False
+                            self.busy -= 1
+                            self.idle.append(c)
                         return
+                if answered and not self._solo_send(c):
+                    return
         finally:
             if c.open:
                 sock.setblocking(False)
+
+    def _solo_send(self, c: _Conn) -> bool:
+        """The next request of :meth:`_solo` (``c`` stays busy); False when the loop must hand the
+        connection back: a failed write (the request fails) or a partial one (epoll finishes it)."""
+        payload = self.payloads[self.turn]
+        self.turn = (self.turn + 1) % len(self.payloads)
+        c.first = 0
+        c.start = time.monotonic_ns()
+        try:
+            n = c.sock.send(payload)
+        except OSError as e:
+            self._drop(c, f"send failed: {e.strerror or e}")
+            return False
+        c.sent = time.monotonic_ns()
+        if n < len(payload):
+            c.out = payload[n:]
+            self.ep.modify(c.sock.fileno(), select.EPOLLIN | select.EPOLLOUT)
+            return False
+        return True
 
     def _schedule(self, now: int) -> None:
         while self.next_send <= now:
