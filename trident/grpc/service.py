@@ -117,6 +117,7 @@ class InferenceService:
             "TraceSetting": self.trace_setting, "LogSettings": self.log_settings,
         }
         table = {f"/{SERVICE}/{name}": Method(handler) for name, handler in unary.items()}
+        table[f"/{SERVICE}/ModelInfer"] = Method(self.model_infer, now=self.model_infer_now)
         table[f"/{SERVICE}/ModelStreamInfer"] = Method(self.model_stream_infer, streaming=True)
         table[f"/{HEALTH_SERVICE}/Check"] = Method(self.health_check)
         for path, method in table.items():
@@ -277,10 +278,41 @@ class InferenceService:
     async def model_infer(self, call: Call, data: bytearray) -> tuple[list[Any], int]:
         """ModelInfer. Raises TritonError (decoupled models: UNSUPPORTED -> UNIMPLEMENTED)."""
         request = await self._request(call, data)
+        shm_outputs = self._shm_outputs(request)
+        response = await self.server.infer(request, endpoint="ModelInfer RPC")
+        return self._encode(call, response, shm_outputs)
+
+    def model_infer_now(self, call: Call, data: bytearray) -> Any:
+        """ModelInfer without a task where it can be (``Method.now``): the reply ``(parts, size)``
+        when the request ran here and now (Server.infer_now), else an awaitable of it for the
+        call's task. A heavy message (decoded in a worker thread) or forwarded headers take
+        :meth:`model_infer`. Raises as model_infer."""
+        if self.forward is not None or grpc_codec.is_heavy(data, call.conn.config.offload_size):
+            return self.model_infer(call, data)
+        try:
+            request = grpc_codec.decode_model_infer_request(data, self.server.shared_memory.input_view)
+        except grpc_codec.DecodeError as e:
+            raise invalid_arg(f"failed to parse ModelInferRequest: {e}") from None
+        shm_outputs = self._shm_outputs(request)
+        result = self.server.infer_now(request, endpoint="ModelInfer RPC")
+        if isinstance(result, InferenceResponse):
+            return self._encode(call, result, shm_outputs)
+        return self._encode_later(call, result, shm_outputs)
+
+    async def _encode_later(self, call: Call, result: Awaitable[InferenceResponse],
+                            shm_outputs: dict[str, Any] | None) -> tuple[list[Any], int]:
+        return self._encode(call, await result, shm_outputs)
+
+    def _shm_outputs(self, request: InferenceRequest) -> dict[str, Any] | None:
+        """The outputs requested in shared memory, checked before the model runs (as Triton);
+        raises TritonError for a bad region."""
         shm_outputs = _shm_outputs(request)
         if shm_outputs is not None:
-            self.server.shared_memory.check_outputs(shm_outputs)  # before the model runs, as Triton
-        response = await self.server.infer(request, endpoint="ModelInfer RPC")
+            self.server.shared_memory.check_outputs(shm_outputs)
+        return shm_outputs
+
+    def _encode(self, call: Call, response: InferenceResponse,
+                shm_outputs: dict[str, Any] | None) -> tuple[list[Any], int]:
         call.compress_responses = True
         if shm_outputs is None:
             return grpc_codec.encode_model_infer_response(response)

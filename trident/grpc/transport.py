@@ -96,10 +96,16 @@ class GrpcError(Exception):
 
 @dataclass(frozen=True)
 class Method:
-    """A handler: unary ``(call, message) -> (parts, size)`` or streaming ``(call) -> None``."""
+    """A handler: unary ``(call, message) -> (parts, size)`` or streaming ``(call) -> None``.
+
+    ``now``, for a unary method, is the same handler without a task where it can be:
+    ``now(call, message)`` returns ``(parts, size)`` when it answered here and now, or an
+    awaitable of them that the call's task awaits (see :meth:`Connection._dispatch`).
+    """
 
     handler: Callable[..., Awaitable[Any]]
     streaming: bool = False
+    now: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,9 @@ class Call:
         self._wakeup: trio.Event | None = None
         self._headers_sent = False
         self._send_lock: trio.Lock | None = None  # created by the first send_message
+        #: a unary call whose task is not started yet (Method.now): the connection looks at it
+        #: each time its stream moves (:meth:`Connection._dispatch`)
+        self.deferred: Method | None = None
 
     @property
     def metadata(self) -> list[tuple[str, str | bytes]]:
@@ -258,6 +267,8 @@ class Call:
         if self._wakeup is not None:
             self._wakeup.set()
             self._wakeup = None
+        elif self.deferred is not None:
+            self.conn._dispatch(self)
 
     async def recv(self) -> bytearray | None:
         """The next request message, or None once the client has half-closed.
@@ -273,6 +284,19 @@ class Call:
                 return None
             self._wakeup = event = trio.Event()
             await event.wait()
+        compressed, message, acked = self._take()
+        if acked:
+            await self.conn._flush()
+        if compressed:
+            if self.encoding in (None, "identity"):
+                raise FramingError(GRPC_INTERNAL, "compressed message received without a grpc-encoding")
+            return await self._inflate(message)
+        return message
+
+    def _take(self) -> tuple[bool, bytearray, bool]:
+        """The next queued message ``(compressed, message, window returned)``: it no longer
+        counts against the budgets, and the window held back for the queue returns with the
+        last one (the caller flushes)."""
         compressed, message = self._queue.popleft()
         size = len(message)
         self._queued -= size
@@ -281,12 +305,8 @@ class Call:
         if not self._queue and self._unacked:
             self.conn._ack(self._unacked, self.stream_id)
             self._unacked = 0
-            await self.conn._flush()
-        if compressed:
-            if self.encoding in (None, "identity"):
-                raise FramingError(GRPC_INTERNAL, "compressed message received without a grpc-encoding")
-            return await self._inflate(message)
-        return message
+            return compressed, message, True
+        return compressed, message, False
 
     async def _inflate(self, message: bytearray) -> bytearray:
         """gzip-inflate a message: the first MiB of output inline, the rest in worker-thread steps
@@ -453,6 +473,10 @@ class Connection:
                     await self._read_loop()
                 nursery.cancel_scope.cancel()
         finally:
+            for call in self.calls.values():
+                if call.deferred is not None:  # no task of its own to release what it holds
+                    call.deferred = None
+                    call._release()
             with trio.CancelScope(shield=True):
                 if not self._broken:
                     with trio.move_on_after(1):
@@ -746,11 +770,83 @@ class Connection:
         path, entry, encoding, timeout, response_encoding = parsed
         deadline = math.inf if timeout is None else trio.current_time() + timeout
         call = Call(self, stream_id, path, headers, deadline, encoding, response_encoding)
+        self.calls[stream_id] = call
         if ended:
             call._ended = True
-        self.calls[stream_id] = call
+        elif entry.now is not None:
+            call.deferred = entry  # its message is still to come: see _dispatch
+            return
         assert self._nursery is not None
         self._nursery.start_soon(self._run_call, call, entry)
+
+    def _dispatch(self, call: Call) -> None:
+        """A deferred unary call's stream moved (a message, its end, an error or a reset).
+
+        Once its one message is in and the client has half-closed, it runs here and now
+        (``Method.now``): decoded, inferred inline and answered into the engine's buffer,
+        which the read loop flushes after the chunk, with no task, cancel scope or lock of
+        its own. Anything else (a reset, an error, a compressed or second message, an
+        expired deadline, a handler that must wait, a response the windows cannot take at
+        once) starts the call's task, which finishes it the usual way.
+        """
+        if not (call._ended or call.reset or call._error is not None or len(call._queue) > 1):
+            return  # END_STREAM is still to come
+        method = call.deferred
+        assert method is not None and method.now is not None and self._nursery is not None
+        call.deferred = None
+        if (call.reset or call._error is not None or len(call._queue) != 1 or call._queue[0][0]
+                or (call.deadline != math.inf and trio.current_time() >= call.deadline)):
+            self._nursery.start_soon(self._run_call, call, method)
+            return
+        _, message, _ = call._take()
+        try:
+            result = method.now(call, message)
+        except Exception as e:
+            status, text = _status_of(e, call.path)
+            self._end_call(call, status, text)
+            self._forget(call)
+            return
+        if isinstance(result, tuple) and self._send_now(call, *result):
+            self._end_call(call, GRPC_OK, "")
+            self._forget(call)
+            return
+        self._nursery.start_soon(self._run_call, call, method, result)
+
+    def _send_now(self, call: Call, parts: Parts, size: int) -> bool:
+        """Queue a small response message in the engine at once, when no compression applies
+        and the windows take it whole; False (nothing queued) otherwise."""
+        if size >= _WRITEV_SIZE or (call.compress_responses and call.response_encoding is not None
+                                    and self.config.compression_level):
+            return False
+        engine = self.engine
+        stream_id = call.stream_id
+        framed = size + framing.PREFIX_SIZE
+        try:
+            if framed > engine.local_flow_control_window(stream_id):
+                return False
+            framing.check_size(size, self.config.max_message_size, "sent")
+        except (http2.StreamClosedError, FramingError):
+            return False  # the call's task answers it
+        message = framing.frame(parts, size)
+        frames = 0
+        try:
+            engine.send_headers(stream_id, _RESPONSE_HEADERS)
+            call._headers_sent = True
+            self._sends += 1
+            frame_size = engine.max_outbound_frame_size
+            if framed <= frame_size:
+                engine.send_data(stream_id, message)
+                frames = 1
+            else:
+                view = memoryview(message)
+                for pos in range(0, framed, frame_size):
+                    engine.send_data(stream_id, view[pos:pos + frame_size])
+                    frames += 1
+        except http2.StreamClosedError:
+            pass  # the stream is gone: nothing more goes out on it
+        self._sends += 1
+        self.guard.data_sent(frames)
+        return True
 
     def _parse_headers(self, headers: Sequence[tuple[bytes, bytes]]) -> tuple[Any, ...]:
         """What a request header list asks for: ``(path, method entry, encoding, timeout
@@ -813,31 +909,45 @@ class Connection:
         except http2.StreamClosedError:
             pass
 
-    async def _run_call(self, call: Call, method: Method) -> None:
+    async def _run_call(self, call: Call, method: Method, started: Any = None) -> None:
+        """The call's task: run its handler (``started``: what ``Method.now`` returned, an
+        awaitable or the reply) and end the call."""
         try:
-            status, message = await self._invoke(call, method)
+            status, message = await self._invoke(call, method, started)
             self.calls.pop(call.stream_id, None)
             if status is None or call.reset:
                 return
-            try:
-                self.engine.send_headers(call.stream_id, call._trailers(status, message), end_stream=True)
-            except http2.StreamClosedError:
-                return  # the stream was closed under us
-            self._sends += 1
-            self.guard.call_completed()
-            if not call._ended:
-                self._reset_quietly(call.stream_id)
-            await self._flush()
+            if self._end_call(call, status, message):
+                await self._flush()
         finally:
-            self.calls.pop(call.stream_id, None)
-            call._release()
-            if not self.calls:
-                self._idle_since = now = trio.current_time()
-                if self.config.idle_timeout:
-                    self._arm(now + self.config.idle_timeout)
-            self._maybe_close()
+            self._forget(call)
 
-    async def _invoke(self, call: Call, method: Method) -> tuple[int | None, str]:
+    def _end_call(self, call: Call, status: int | None, message: str) -> bool:
+        """Queue the call's trailers (none for status None or a reset stream); True when queued."""
+        self.calls.pop(call.stream_id, None)
+        if status is None or call.reset:
+            return False
+        try:
+            self.engine.send_headers(call.stream_id, call._trailers(status, message), end_stream=True)
+        except http2.StreamClosedError:
+            return False  # the stream was closed under us
+        self._sends += 1
+        self.guard.call_completed()
+        if not call._ended:
+            self._reset_quietly(call.stream_id)
+        return True
+
+    def _forget(self, call: Call) -> None:
+        """The call is over: what it held is released, the idle timer starts with the last one."""
+        self.calls.pop(call.stream_id, None)
+        call._release()
+        if not self.calls:
+            self._idle_since = now = trio.current_time()
+            if self.config.idle_timeout:
+                self._arm(now + self.config.idle_timeout)
+        self._maybe_close()
+
+    async def _invoke(self, call: Call, method: Method, started: Any = None) -> tuple[int | None, str]:
         """Run the handler; returns the status to end the call with (None: nothing to send)."""
         try:
             with trio.CancelScope(deadline=call.deadline) as scope:
@@ -847,8 +957,13 @@ class Connection:
                 if method.streaming:
                     await method.handler(call)
                 else:
-                    request = await call.recv_unary()
-                    parts, size = await method.handler(call, request)
+                    if started is None:
+                        request = await call.recv_unary()
+                        parts, size = await method.handler(call, request)
+                    elif isinstance(started, tuple):
+                        parts, size = started
+                    else:
+                        parts, size = await started
                     await call._send(parts, size, flush=False)  # flushed with the trailers
         except Exception as e:
             return _status_of(e, call.path)

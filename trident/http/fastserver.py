@@ -70,10 +70,10 @@ from trident.protocol.http1 import (
     encode_head,
     error_response,
 )
+from trident.types import InferenceRequest, InferenceResponse
 
 if TYPE_CHECKING:
     from trident.server import Server
-    from trident.types import InferenceRequest, InferenceResponse
 
 log = logging.getLogger("trident.http")
 
@@ -396,7 +396,8 @@ class _Connection:
                 return body
 
     async def _run(self, request: InferenceRequest, heavy: bool) -> InferenceResponse | None:
-        """``server.infer(request)`` while the connection's watcher looks for a disconnect.
+        """``server.infer(request)``: here and now when it can (Server.infer_now: nothing to
+        watch), else awaited while the connection's watcher looks for a disconnect.
 
         A client that goes away cancels the connection's scope: the request is cancelled (in
         the server too) and the connection closes. That costs no task, cancel scope or deadline
@@ -412,13 +413,16 @@ class _Connection:
                 finally:
                     self.request_scope = None
             return None
-        self.busy += 1
         state = self.state
+        result = state.endpoint.server.infer_now(request)  # type: ignore[union-attr]
+        if isinstance(result, InferenceResponse):  # it ran here and now: nothing to watch
+            return result
+        self.busy += 1
         if state.ticker_park is not None:  # the ticker sleeps (no request was running): wake it
             state.ticker_park.cancel()
             state.ticker_park = None
         try:
-            return await state.endpoint.server.infer(request)  # type: ignore[union-attr]
+            return await result
         finally:
             self.busy += 1
             if self.watching is not None:

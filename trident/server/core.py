@@ -190,9 +190,43 @@ class Server:
         request, UNSUPPORTED for decoupled models, the model's error for a failed execution.
         Cancellation: cancelling the caller cancels the request (dropped if still queued).
         """
+        await trio.lowlevel.checkpoint_if_cancelled()  # a caller already cancelled runs nothing
+        result = self.infer_now(request, endpoint=endpoint)
+        if isinstance(result, InferenceResponse):
+            return result
+        return await result
+
+    def infer_now(self, request: InferenceRequest, *,
+                  endpoint: str = "HTTP end point") -> InferenceResponse | Awaitable[InferenceResponse]:
+        """:meth:`infer` without a task switch where it can be: the response when the request
+        ran here and now (ModelVersion.infer_now: an idle instance run inline, nothing in the
+        way), else an awaitable that finishes it, which the caller must await in the task that
+        owns the request (cancelling that task cancels the request; the awaitable holds the
+        server's admission and may hold an instance, so it is never to be dropped).
+
+        Raises, here or from the awaitable, what :meth:`infer` raises.
+        """
         if log.isEnabledFor(VERBOSE):
-            return await self._logged(self._infer(request, endpoint), request)
-        return await self._infer(request, endpoint)
+            return self._logged(self._infer(request, endpoint), request)
+        mv = self.repository.get(request.model_name, request.model_version)
+        if mv.decoupled:
+            raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
+        self._admit()
+        try:
+            result = mv.infer_now(request)
+        except BaseException:
+            self._release()
+            raise
+        if isinstance(result, InferenceResponse):
+            self._release()
+            return result
+        return self._finish(result)
+
+    async def _finish(self, result: Awaitable[InferenceResponse]) -> InferenceResponse:
+        try:
+            return await result
+        finally:
+            self._release()
 
     async def _infer(self, request: InferenceRequest, endpoint: str) -> InferenceResponse:
         mv = self.repository.get(request.model_name, request.model_version)

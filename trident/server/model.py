@@ -319,23 +319,39 @@ class ModelVersion:
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """Run ``request`` of a model that answers once (not decoupled) and return its response.
 
+        :meth:`infer_now` awaited to the end (a caller already cancelled runs nothing). Raises
+        what infer_stream raises, and the error of an error response. Cancellation: as
+        infer_stream.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        result = self.infer_now(request)
+        if isinstance(result, InferenceResponse):
+            return result
+        return await result
+
+    def infer_now(self, request: InferenceRequest) -> InferenceResponse | Awaitable[InferenceResponse]:
+        """Start ``request`` of a model that answers once: its response when it ran here and now,
+        else an awaitable that finishes it.
+
         The common case, an idle instance whose calls run inline with no batching, response
-        cache, trace or ensemble in the way, executes here and now with no response loop and
-        no task switch; everything else goes the way of :meth:`infer_stream`. Raises what
-        infer_stream raises, and the error of an error response. Cancellation: as infer_stream.
+        cache, trace or ensemble in the way, executes here, synchronously: no response loop,
+        no task switch, not even a checkpoint. Everything else goes the way of
+        :meth:`infer_stream` in the awaitable returned, which the caller must await in the
+        task that owns the request (it may hold an instance: it is never to be dropped).
+        Raises (here or from the awaitable) what infer_stream raises, and the error of an error
+        response. Cancellation of the awaiting task: as infer_stream.
         """
         batch_size = self._admit(request)
         trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
         if self.ensemble is not None or trace is not None or self.cache is not None:
-            return await self._collect(request, batch_size, trace)
-        await trio.lowlevel.checkpoint_if_cancelled()  # a caller already cancelled runs nothing
+            return self._collect(request, batch_size, trace)
         slot = self.scheduler.claim()
         if slot is None:
-            return await self._collect(request, batch_size, None)
+            return self._collect(request, batch_size, None)
         executor = self.executor
         pending = Pending(request, batch_size, executor.finish)
         if request.cancelled or not executor.runs_inline(slot.instance):
-            return await self._collect(request, batch_size, None, pending, slot)
+            return self._collect(request, batch_size, None, pending, slot)
         try:
             executor.run_inline(slot.instance, [pending])
         finally:
@@ -344,23 +360,36 @@ class ModelVersion:
         try:
             response = mailbox.receive_nowait()
         except trio.WouldBlock:  # the model answers later, through its response sender
-            self.inflight.enter()
-            try:
-                response = await mailbox.receive()
-            except trio.Cancelled:
-                request.cancel()
-                self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
-                raise
-            finally:
-                self.inflight.leave()
+            return self._await_response(pending)
+        mailbox.close()
+        request.responder = None  # no request <-> responder cycle
+        return self._answered(pending, response)
+
+    async def _await_response(self, pending: Pending) -> InferenceResponse:
+        """The response of a request that ran inline and answers later, through its response
+        sender. Cancellation cancels the request."""
+        request = pending.request
+        mailbox = pending.receive
+        self.inflight.enter()
+        try:
+            response = await mailbox.receive()
+        except trio.Cancelled:
+            request.cancel()
+            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
+            raise
         finally:
+            self.inflight.leave()
             mailbox.close()
-            request.responder = None  # no request <-> responder cycle
+            request.responder = None
+        return self._answered(pending, response)
+
+    def _answered(self, pending: Pending, response: InferenceResponse) -> InferenceResponse:
+        """Record the one response of a request run by :meth:`infer_now`; raises its error."""
         self._record(pending, response.error)
         if response.error is not None:
             raise response.error
         if self.latency is not None:
-            self.latency.first_response(time.monotonic_ns() - request.arrival_ns)
+            self.latency.first_response(time.monotonic_ns() - pending.request.arrival_ns)
         return response
 
     async def _collect(self, request: InferenceRequest, batch_size: int, trace: Any,

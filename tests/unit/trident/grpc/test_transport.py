@@ -2,6 +2,8 @@
 
 Raw HTTP/2 clients (e2e.grpc_raw) send what real clients never do; grpcio (in a worker thread)
 checks interoperability. The handlers record what the server side saw (cancellations, metadata).
+Every test runs twice: with unary handlers run by a task of their own, and with ``Method.now``
+(answered in the connection's read loop where they can, as ModelInfer is).
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ from trident.grpc.transport import Call, GrpcError, Method, TransportConfig
 
 MAX = 64 * 1024
 WINDOW = 65536
+NOW = False  # the unary path under test (see the unary_path fixture)
+
+
+@pytest.fixture(autouse=True, params=["task", "now"])
+def unary_path(request, monkeypatch):
+    """The unary test methods with (``now``) or without (``task``) ``Method.now``."""
+    monkeypatch.setitem(globals(), "NOW", request.param == "now")
+    return request.param
 
 
 class Recorder:
@@ -46,12 +56,15 @@ def methods(rec: Recorder) -> dict[str, Method]:
     async def echo(call: Call, message: bytearray):
         return [bytes(message)], len(message)
 
-    async def fail(call: Call, message: bytearray):
+    def fail_now(call: Call, message: bytearray):
         if message == b"triton":
             raise invalid_arg("bad input: ünïcode 100%")
         if message == b"crash":
             raise RuntimeError("handler bug")
         raise GrpcError(GRPC_INVALID_ARGUMENT, "nope")
+
+    async def fail(call: Call, message: bytearray):
+        fail_now(call, message)
 
     async def wait(call: Call, message: bytearray):
         rec.started.set()
@@ -93,6 +106,17 @@ def methods(rec: Recorder) -> dict[str, Method]:
     table = {"Echo": Method(echo), "Fail": Method(fail), "Wait": Method(wait), "Meta": Method(meta),
              "SlowReader": Method(slow_reader, streaming=True), "Flood": Method(flood, streaming=True),
              "Bidi": Method(bidi, streaming=True)}
+    if NOW:
+        def echo_now(call: Call, message: bytearray):
+            return [bytes(message)], len(message)
+
+        def meta_now(call: Call, message: bytearray):
+            rec.metadata = call.metadata
+            return [b"ok"], 2
+
+        table.update(Echo=Method(echo, now=echo_now), Fail=Method(fail, now=fail_now),
+                     Wait=Method(wait, now=wait),  # answers later: its task awaits it
+                     Meta=Method(meta, now=meta_now))
     return {f"/test.T/{name}": m for name, m in table.items()}
 
 
@@ -772,3 +796,73 @@ async def test_large_responses_are_written_from_their_parts(nursery):
         async with open_raw(port) as other:
             assert (await other.unary("/test.T/Echo", b"free")).messages() == [b"free"]
         assert s.status is None and len(s.data) <= 65535 + 9 * 4
+
+
+# ---- unary calls answered in the read loop (Method.now) and their ways back to a task --------
+
+
+async def test_a_unary_call_left_mid_message_releases_its_bytes(nursery):
+    """Reset mid-message, or the whole connection gone: what the call buffered is given back."""
+    budget = ServerBudget(1 << 30)
+    port, _ = await start(nursery, budget)
+    async with open_raw(port) as c:
+        s = await c.open("/test.T/Echo")
+        await c.send(s, b"\x00" + (1000).to_bytes(4, "big") + b"r" * 500)
+        with trio.fail_after(5):
+            while budget.buffered != 500:
+                await trio.sleep(0.01)
+        await c.reset(s)
+        assert (await c.unary("/test.T/Echo", b"after")).messages() == [b"after"]
+        assert budget.buffered == 0
+        left = await c.open("/test.T/Echo")
+        await c.send(left, b"\x00" + (1000).to_bytes(4, "big") + b"l" * 700)
+        with trio.fail_after(5):
+            while budget.buffered != 700:
+                await trio.sleep(0.01)
+    with trio.fail_after(5):  # the connection closed under the unfinished call
+        while budget.buffered:
+            await trio.sleep(0.01)
+    await echo_ok(port)
+
+
+async def test_unary_calls_in_one_chunk_are_all_answered(served):
+    """Many requests arrive before the server reads: each is answered, in one write or several."""
+    port, _, _ = served
+    async with open_raw(port) as c:
+        streams = []
+        for i in range(50):
+            s = await c.open("/test.T/Echo")
+            c.h2.send_data(s.stream_id, frame(b"n%d" % i), end_stream=True)  # not flushed yet
+            streams.append(s)
+        await c.flush()
+        with trio.fail_after(10):
+            for s in streams:
+                await s.closed.wait()
+    assert [s.messages() for s in streams] == [[b"n%d" % i] for i in range(50)]
+    assert all(s.status == GRPC_OK for s in streams)
+
+
+async def test_unary_responses_beyond_one_frame_or_the_window(nursery):
+    """A response of several frames within the window goes at once; one beyond the client's
+    window waits for it (the call's task), and both arrive whole."""
+    port, _ = await start(nursery, initial_window_size=1 << 20)
+    payload = bytes(range(256)) * 160  # 40 960 bytes: three 16 KiB frames
+    async with open_raw(port) as c:
+        assert (await c.unary("/test.T/Echo", payload)).messages() == [payload]
+    async with open_raw(port, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1000}) as c:
+        s = await c.unary("/test.T/Echo", payload)
+        assert (s.status, s.messages()) == (GRPC_OK, [payload])
+
+
+async def test_a_unary_call_with_two_messages_or_none_is_internal(served):
+    port, _, _ = served
+    async with open_raw(port) as c:
+        two = await c.open("/test.T/Echo")
+        await c.send(two, frame(b"one") + frame(b"two"), end_stream=True)
+        none = await c.open("/test.T/Echo", end_stream=True)
+        with trio.fail_after(5):
+            await two.closed.wait()
+            await none.closed.wait()
+        assert (two.status, two.message) == (GRPC_INTERNAL, "unary call received more than one request message")
+        assert (none.status, none.message) == (GRPC_INTERNAL, "unary call ended without a request message")
+        assert (await c.unary("/test.T/Echo", b"fine")).messages() == [b"fine"]
