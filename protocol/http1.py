@@ -22,7 +22,7 @@ to answer with; misuse of the framer is :class:`ResponseError`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from email.utils import formatdate
 from http import HTTPStatus
 
@@ -63,7 +63,7 @@ class RequestHead:
     __slots__ = ("method", "target", "http_version", "headers", "content_length", "chunked",
                  "keep_alive", "expect_continue")
 
-    def __init__(self, method: str, target: bytes, http_version: str, headers: list[tuple[bytes, bytes]],
+    def __init__(self, method: str, target: bytes, http_version: str, headers: Sequence[tuple[bytes, bytes]],
                  content_length: int | None, chunked: bool, keep_alive: bool, expect_continue: bool) -> None:
         self.method = method
         self.target = target
@@ -88,11 +88,14 @@ def parse_head(head: bytes) -> RequestHead:
     hit = _HEAD_CACHE.get(head)
     if hit is not None:
         method, target, http_version, fields, content_length, chunked, keep_alive, expect_continue = hit
-        return RequestHead(method, target, http_version, list(fields), content_length, chunked, keep_alive,
+        # the cached tuple itself: the same object for every request with this head (callers
+        # may cache what they derive from it by identity)
+        return RequestHead(method, target, http_version, fields, content_length, chunked, keep_alive,
                            expect_continue)
     parsed = _parse_head(head)
+    parsed.headers = tuple(parsed.headers)  # immutable: a cached head's fields are shared
     if len(head) <= _HEAD_CACHE_HEAD and len(_HEAD_CACHE) < _HEAD_CACHE_SIZE:
-        _HEAD_CACHE[head] = (parsed.method, parsed.target, parsed.http_version, tuple(parsed.headers),
+        _HEAD_CACHE[head] = (parsed.method, parsed.target, parsed.http_version, parsed.headers,
                              parsed.content_length, parsed.chunked, parsed.keep_alive, parsed.expect_continue)
     return parsed
 

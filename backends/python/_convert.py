@@ -45,7 +45,7 @@ def to_tensor(t: pb_utils.Tensor) -> Tensor:
     datatype = t._datatype
     if datatype == "BYTES":
         array = bytes_array(array)
-    return Tensor(t.name(), datatype, tuple(int(d) for d in array.shape), array)
+    return Tensor(t.name(), datatype, array.shape, array)  # numpy shapes are tuples of ints
 
 
 def to_pb_tensor(t: Tensor) -> pb_utils.Tensor:

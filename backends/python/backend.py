@@ -121,7 +121,7 @@ class PythonInstance(ModelInstance):
 
     def _resolve(self, value: Any, parents: list[InferenceRequest] | None = None) -> Any:
         """``value``, or its result when it is awaitable (run on this instance's loop, waited for)."""
-        if not inspect.isawaitable(value):
+        if type(value) is list or not inspect.isawaitable(value):
             return value
         return self._aio.run(value, functools.partial(pb_utils._Context, self._runtime, parents or ()))
 

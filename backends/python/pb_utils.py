@@ -218,6 +218,10 @@ class InferenceTrace:
         return None
 
 
+_CPU_MEMORY = PreferredMemory(TRITONSERVER_MEMORY_CPU)  # what a wrapped request records (never changed)
+_NO_TRACE = InferenceTrace()
+
+
 class InferenceResponseSender:
     """Sends a request's responses (decoupled models; non-decoupled models send exactly one).
 
@@ -376,8 +380,8 @@ class InferenceRequest:
         r._model_version = -1
         r._flags = flags
         r._timeout = timeout
-        r._preferred_memory = PreferredMemory(TRITONSERVER_MEMORY_CPU)
-        r._trace = InferenceTrace()
+        r._preferred_memory = _CPU_MEMORY
+        r._trace = _NO_TRACE
         r._parameters = parameters_json
         r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         r._source = source

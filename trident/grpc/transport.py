@@ -438,6 +438,7 @@ class Connection:
         self._drain = trio.Event()
         self._draining = False
         self._broken = False
+        self._drained = False  # the last read emptied the socket: the next one waits first
         now = trio.current_time()
         self.guard = FrameGuard(config.guard, now, max_frame_size=config.max_frame_size)
         self._pings = PingPolicy(config.min_recv_ping_interval, config.max_ping_strikes,
@@ -539,11 +540,15 @@ class Connection:
 
     async def _receive_some(self) -> bytes | bytearray:
         """The next received bytes (b"" at EOF); raises trio.BrokenResourceError. Exactly one
-        checkpoint, as ``receive_some``: the wait for bytes, or a yield when they were there."""
+        checkpoint, as ``receive_some``: the wait for bytes, or a yield when they were there.
+        After a read that emptied the socket (fewer bytes than asked for), it waits for bytes
+        first instead of trying a read that would almost always fail."""
         fd = self._fd
         if fd < 0:
             return await self.stream.receive_some(_RECEIVE_SIZE)
-        waited = False
+        waited = self._drained
+        if waited:
+            await trio.lowlevel.wait_readable(fd)
         while True:
             try:
                 data = os.read(fd, _RECEIVE_SIZE)
@@ -553,6 +558,7 @@ class Connection:
                 continue
             except OSError as exc:
                 raise trio.BrokenResourceError(exc) from exc
+            self._drained = len(data) < _RECEIVE_SIZE
             if not waited:
                 await trio.lowlevel.checkpoint()
             return data

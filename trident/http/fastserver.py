@@ -123,7 +123,7 @@ class _State:
 class _Connection:
     __slots__ = ("state", "stream", "fd", "parser", "cancel_scope", "idle", "served", "reaper_mark", "client",
                  "sockname", "eof", "broken", "linger", "head_deadline", "nursery", "yielded", "streak", "moved", "sent_continue",
-                 "protocol_error", "busy", "seen", "park", "watching", "request_scope")
+                 "protocol_error", "busy", "seen", "park", "watching", "request_scope", "drained")
 
     def __init__(self, state: _State, stream: trio.SocketStream) -> None:
         self.state = state
@@ -142,6 +142,7 @@ class _Connection:
         self.yielded = False  # the task waited for the socket since the last request
         self.streak = 0  # requests served since the task last yielded (fairness: see YIELD_EVERY)
         self.moved = 0  # bytes received or sent since then (see YIELD_BYTES)
+        self.drained = False  # the last read emptied the socket: the next one waits first
         self.sent_continue = False
         self.protocol_error: ProtocolError | None = None  # of the fast path's body read
         # the disconnect watcher (see _watch): ``busy`` is odd while a request runs (+1 at its
@@ -232,9 +233,15 @@ class _Connection:
         """Up to ``size`` received bytes, b"" at EOF; raises trio.BrokenResourceError.
 
         Not a checkpoint when bytes are waiting, except once per YIELD_BYTES moved without a
-        wait (a large body arriving fast does not hold the loop).
+        wait (a large body arriving fast does not hold the loop). After a read that emptied the
+        socket (fewer bytes than asked for), the next one waits for bytes first instead of
+        trying a read that would almost always fail (a client waiting for its answer).
         """
         fd = self.fd
+        if self.drained:
+            self.yielded = True
+            self.moved = 0
+            await trio.lowlevel.wait_readable(fd)
         while True:
             try:
                 data = os.read(fd, size)
@@ -245,6 +252,7 @@ class _Connection:
                 continue
             except OSError as exc:
                 raise trio.BrokenResourceError(exc) from exc
+            self.drained = len(data) < size
             self.moved += len(data)
             if self.moved >= YIELD_BYTES:
                 self.moved = 0
@@ -254,8 +262,9 @@ class _Connection:
     async def write(self, data: bytes | bytearray | memoryview) -> None:
         await self.writev([data])
 
-    async def writev(self, parts: list[Any]) -> None:
-        """Write ``parts`` in order (one writev when the socket takes them); a no-op once broken."""
+    async def writev(self, parts: list[Any], size: int = -1) -> None:
+        """Write ``parts`` (``size`` bytes in all, when the caller knows) in order: one writev
+        when the socket takes them; a no-op once broken."""
         if self.broken:
             return
         fd = self.fd
@@ -272,6 +281,9 @@ class _Connection:
                 if self.moved >= YIELD_BYTES:
                     self.moved = 0
                     await trio.lowlevel.checkpoint()
+                if n == size:  # all of it at once (the usual case)
+                    return
+                size = -1
                 done = 0
                 while done < len(parts) and n >= len(parts[done]):
                     n -= len(parts[done])
@@ -327,8 +339,9 @@ class _Connection:
             if ((head.expect_continue and not self.sent_continue) or remaining is None
                     or remaining - parser.buffered > DRAIN_LIMIT):
                 keep_alive = False  # the unread body is not worth reading
-        total = sum(len(p) for p in parts)
-        await self.writev([encode_head(status, headers, total, keep_alive, head.http_version), *parts])
+        total = len(parts[0]) if len(parts) == 1 else sum(len(p) for p in parts)
+        response_head = encode_head(status, headers, total, keep_alive, head.http_version)
+        await self.writev([response_head, *parts], len(response_head) + total)
         if self.eof or self.broken:
             return False
         if not parser.body_done:

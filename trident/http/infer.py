@@ -32,6 +32,7 @@ ReadBody = Callable[[], Awaitable["bytes | bytearray | memoryview"]]
 RunInfer = Callable[[InferenceRequest, bool], Awaitable["InferenceResponse | None"]]
 
 JSON = (b"content-type", b"application/json")
+_HEADER_INFO_CACHE = 256  # header tuples whose scan an endpoint keeps
 OCTET = (b"content-type", b"application/octet-stream")
 
 
@@ -76,7 +77,7 @@ class InferEndpoint:
     Raises ValueError (construction) for a malformed ``--http-restricted-api``.
     """
 
-    __slots__ = ("server", "limit", "restrictions", "forward", "shm")
+    __slots__ = ("server", "limit", "restrictions", "forward", "shm", "_header_info")
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -86,6 +87,9 @@ class InferEndpoint:
         #: --http-header-forward-pattern: headers whose name matches become request parameters
         self.forward = re.compile(pattern) if pattern else None
         self.shm = server.shared_memory
+        #: id(header tuple) -> (that tuple, what _scan_headers made of it): a client sends the
+        #: same head again and again, and the HTTP/1.1 parser hands out the same tuple for it
+        self._header_info: dict[int, tuple[Headers, tuple[int | None, str | None, str | None]]] = {}
 
     def check_restricted(self, headers: Headers, category: str) -> None:
         """Raises HTTPError(403) when ``category`` needs a header the request lacks."""
@@ -121,8 +125,13 @@ class InferEndpoint:
             del exc
             return status, [JSON], [body]
 
-    async def _handle(self, headers: Headers, read_body: ReadBody, run: RunInfer, name: str,
-                      version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+    def _scan_headers(self, headers: Headers) -> tuple[int | None, str | None, str | None]:
+        """``(Inference-Header-Content-Length, Content-Encoding, Accept-Encoding)`` of a request
+        (None where absent), remembered for a header tuple seen before. Raises INVALID_ARG for
+        a header length that is not a number."""
+        cached = self._header_info.get(id(headers))
+        if cached is not None and cached[0] is headers:
+            return cached[1]
         header_length: int | None = None
         content_encoding = accept_encoding = None
         for key, value in headers:
@@ -137,6 +146,16 @@ class InferEndpoint:
                 content_encoding = value.decode("latin-1")
             elif key == b"accept-encoding":
                 accept_encoding = value.decode("latin-1")
+        info = (header_length, content_encoding, accept_encoding)
+        if isinstance(headers, tuple):
+            if len(self._header_info) >= _HEADER_INFO_CACHE:
+                self._header_info.clear()
+            self._header_info[id(headers)] = (headers, info)  # holds the tuple: its id stays unique
+        return info
+
+    async def _handle(self, headers: Headers, read_body: ReadBody, run: RunInfer, name: str,
+                      version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+        header_length, content_encoding, accept_encoding = self._scan_headers(headers)
         body = await read_body()
         if content_encoding is not None:
             body = await offload.decompress(body, content_encoding, self.limit)

@@ -5,6 +5,7 @@ Responses are read back with h11 (an independent parser); ASGI apps here are sma
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -637,4 +638,28 @@ async def test_the_infer_fast_path_leaves_no_task_behind(monkeypatch):
                 await trio.sleep(0.05)
         assert len(cancelled) == 6  # every request whose client left while it ran
         assert trio.lowlevel.current_statistics().tasks_living == living
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_repeated_head_is_read_alike_each_time():
+    """The same head again (its infer headers are remembered by the endpoint): binary requests
+    keep their JSON length, a bad Inference-Header-Content-Length is refused every time."""
+    options = ServerOptions(model_repositories=[str(Path(EXAMPLE_REPOSITORY))])
+    header = b'{"inputs":[{"name":"INPUT0","shape":[2],"datatype":"FP32","parameters":{"binary_data_size":8}}]}'
+    binary = header + np.array([1.5, 2.5], np.float32).tobytes()
+    path = b"/v2/models/identity_fp32/infer"
+    async with open_server(options) as server, trio.open_nursery() as nursery:
+        port = await nursery.start(
+            lambda task_status: serve_http_fast(server, host="127.0.0.1", port=0, task_status=task_status))
+        client = await Client.connect(port)
+        for _ in range(3):
+            await client.send(post(path, binary, b"Inference-Header-Content-Length: %d" % len(header)))
+            response, body, _ = await client.response()
+            assert response.status_code == 200
+            assert json.loads(body)["outputs"][0]["data"] == [1.5, 2.5]
+            await client.send(post(path, binary, b"Inference-Header-Content-Length: abc"))
+            response, body, _ = await client.response()
+            assert response.status_code == 400
+            assert json.loads(body) == {"error": "Unable to parse Inference-Header-Content-Length, got: abc"}
+        await client.stream.aclose()
         nursery.cancel_scope.cancel()
