@@ -1,11 +1,14 @@
-"""gRPC over HTTP/2 on trio: one connection, one task and cancel scope per call.
+"""gRPC over HTTP/2 on trio: one connection, one task and cancel scope per call that waits.
 
 :class:`Connection` drives a sans-IO HTTP/2 engine over a trio stream: trident's own
 (:mod:`trident.protocol.http2`, the default) or the ``h2`` library's (``TransportConfig.http2``,
 ``--grpc-http2 h2``); see :mod:`trident.grpc.h2_engine`. Each request stream
 becomes a :class:`Call` run by its own task in the connection's nursery, under a cancel scope
 that RST_STREAM from the client, the ``grpc-timeout`` deadline and the connection's end cancel
-(and with it whatever the handler awaits, inference included).
+(and with it whatever the handler awaits, inference included). A unary method with a
+``Method.now`` handler (ModelInfer) starts no task until it must: once its one message is in,
+the read loop calls ``now`` and, when that answers at once, queues the response and trailers
+itself (:meth:`Connection._dispatch`); nothing then waits, so there is nothing to cancel.
 
 Flow control: DATA belonging to a message still being received is acknowledged at once (the
 size limit bounds it), while a stream with complete messages its handler has not yet taken gets
