@@ -10,7 +10,7 @@ import trio
 from trident.errors import TritonError
 from trident.options import EXAMPLE_REPOSITORY, ServerOptions
 from trident.server import open_server
-from trident.types import InferenceRequest, RequestedOutput, Tensor, TensorMetadata
+from trident.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor, TensorMetadata
 
 
 def add_sub_request(batch=1, **kw):
@@ -244,3 +244,39 @@ async def test_unloading_a_model_joins_its_threads(tmp_path: Path) -> None:
         await server.unload_model("aio")
         names = {t.name for t in threading.enumerate()}
         assert "trident-aio-0" not in names and not any(n.startswith("trident-asyncio-aio") for n in names)
+
+
+async def test_infer_now_answers_at_once_or_hands_back_what_finishes_the_request():
+    """Server.infer_now: an idle inline instance answers synchronously; a batching model, or an
+    instance still on its thread (the first calls are measured there), gives an awaitable that
+    finishes the request; a bad request raises at once; nothing is left admitted."""
+    async with open_server(ServerOptions()) as server:
+        x = np.arange(4, dtype=np.float32)
+
+        def identity() -> InferenceRequest:
+            return InferenceRequest("identity_fp32", [Tensor.from_numpy("INPUT0", x)])
+
+        kinds = []
+        for _ in range(12):  # the first calls run on the instance's thread, then inline
+            result = server.infer_now(identity())
+            if isinstance(result, InferenceResponse):
+                kinds.append("now")
+            else:
+                kinds.append("later")
+                result = await result
+            np.testing.assert_array_equal(result.output("OUTPUT0").data, x)
+        assert kinds[0] == "later" and kinds[-1] == "now"
+        req, a, b = add_sub_request(2)
+        later = server.infer_now(req)  # the dynamic batcher: never here and now
+        assert not isinstance(later, InferenceResponse)
+        np.testing.assert_array_equal((await later).output("OUTPUT0").data, a + b)
+        bad = InferenceRequest("identity_fp32", [Tensor.from_numpy("INPUT0", x.astype(np.int32))])
+        with pytest.raises(TritonError) as caught:
+            server.infer_now(bad)
+        assert caught.value.code.name == "INVALID_ARG"
+        with pytest.raises(TritonError) as caught:
+            server.infer_now(InferenceRequest("missing", [Tensor.from_numpy("INPUT0", x)]))
+        assert caught.value.code.name in ("NOT_FOUND", "UNAVAILABLE")
+        assert await server.wait_drained(1)  # every admission was released
+        stats = server.model_statistics("identity_fp32")[0]
+        assert stats.success.count == 12 and stats.fail.count == 0
