@@ -274,6 +274,14 @@ class _Input:
         self.contents: list[tuple[int, int]] | None = None  # spans of InferTensorContents
 
 
+#: InferInputTensor messages without contents (name, datatype, shape, parameters), decoded once:
+#: the same bytes always decode alike, so a repeat costs a lookup (decoded objects are shared,
+#: read-only: each request gets its own parameters dict)
+_INPUTS: dict[bytes, _Input] = {}
+_CACHED_INPUTS = 256
+_CACHED_INPUT_BYTES = 256
+
+
 def _shape(buf: _Bytes, view: memoryview, tag: int, pos: int, stop: int, t: _Input) -> int:
     into = t.shape
     if tag & 7 == 2:
@@ -438,7 +446,18 @@ def decode_model_infer_request(data: Buffer, shm: ShmLookup | None = None) -> In
             if field == 7:
                 raw.append(view[pos:stop])
             elif field == 5:
-                inputs.append(_input(buf, view, pos, stop))
+                if n <= _CACHED_INPUT_BYTES:  # a client sends the same tensor metadata again and again
+                    encoded = bytes(buf[pos:stop])
+                    tensor = _INPUTS.get(encoded)
+                    if tensor is None:
+                        tensor = _input(buf, view, pos, stop)
+                        if tensor.contents is None:  # spans of this message: never cached
+                            if len(_INPUTS) >= _CACHED_INPUTS:
+                                _INPUTS.clear()
+                            _INPUTS[encoded] = tensor
+                    inputs.append(tensor)
+                else:
+                    inputs.append(_input(buf, view, pos, stop))
             elif field == 1:
                 model_name = _text(buf, pos, stop)
             elif field == 2:
@@ -526,7 +545,7 @@ def _tensors(buf: _Bytes, view: memoryview, model: str, inputs: list[_Input], ra
             array = array.reshape(t.shape)
         except ValueError as e:  # more than 64 dimensions, or dimensions whose product overflows
             raise invalid_arg(f"invalid shape {t.shape} for input '{t.name}' for model '{model}': {e}") from None
-        out.append(Tensor(t.name, t.datatype, tuple(t.shape), array, t.parameters))
+        out.append(Tensor(t.name, t.datatype, tuple(t.shape), array, dict(t.parameters) if t.parameters else {}))
     return out
 
 

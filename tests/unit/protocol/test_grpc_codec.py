@@ -401,3 +401,29 @@ def test_is_heavy_tells_raw_tensors_from_contents_and_bytes():
     assert is_heavy(message("BYTES", raw=bytes(200_000)), 100_000)
     assert is_heavy(big_raw[:-10], 100_000)  # the raw field runs past the end
     assert not is_heavy(bytearray(big_raw), 100_000) and not is_heavy(memoryview(big_raw), 100_000)
+
+
+def test_repeated_tensor_metadata_decodes_alike_and_apart():
+    """The same InferInputTensor bytes again (a client's usual request) decode from a cache: equal
+    tensors over each message's own data, parameters that are each request's own, and typed
+    contents (spans of their own message) decoded every time."""
+    def message(values, raw=True):
+        request = pb.ModelInferRequest(model_name="m")
+        tensor = request.inputs.add(name="x", datatype="FP32", shape=[2])
+        set_param(tensor.parameters, "tag", "t")
+        array = np.array(values, np.float32)
+        if raw:
+            request.raw_input_contents.append(array.tobytes())
+        else:
+            tensor.contents.fp32_contents.extend(values)
+        return request.SerializeToString()
+
+    first = decode_model_infer_request(bytearray(message([1, 2])))
+    second = decode_model_infer_request(bytearray(message([3, 4])))
+    assert first.inputs[0].data.tolist() == [1, 2] and second.inputs[0].data.tolist() == [3, 4]
+    assert (first.inputs[0].name, first.inputs[0].shape) == (second.inputs[0].name, second.inputs[0].shape)
+    assert first.inputs[0].parameters == second.inputs[0].parameters == {"tag": "t"}
+    first.inputs[0].parameters["changed"] = True
+    assert "changed" not in decode_model_infer_request(message([5, 6])).inputs[0].parameters
+    typed = [decode_model_infer_request(message(v, raw=False)).inputs[0].data.tolist() for v in ([7, 8], [9, 10])]
+    assert typed == [[7, 8], [9, 10]]
