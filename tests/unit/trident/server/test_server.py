@@ -246,31 +246,31 @@ async def test_unloading_a_model_joins_its_threads(tmp_path: Path) -> None:
         assert "trident-aio-0" not in names and not any(n.startswith("trident-asyncio-aio") for n in names)
 
 
-async def test_infer_now_answers_at_once_or_hands_back_what_finishes_the_request():
-    """Server.infer_now: an idle inline instance answers synchronously; a batching model, or an
-    instance still on its thread (the first calls are measured there), gives an awaitable that
-    finishes the request; a bad request raises at once; nothing is left admitted."""
-    async with open_server(ServerOptions()) as server:
+async def test_infer_now_answers_at_once_or_hands_back_what_finishes_the_request(tmp_path):
+    """Server.infer_now: an idle instance running inline answers synchronously; a batching model
+    or a call on the instance's thread gives an awaitable that finishes the request; a bad
+    request raises at once; nothing is left admitted."""
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE_REPOSITORY / "add_sub", repo / "add_sub")
+    for name, mode in (("inline", "always"), ("threaded", "never")):
+        shutil.copytree(EXAMPLE_REPOSITORY / "identity_fp32", repo / name)
+        config = (repo / name / "config.pbtxt").read_text().replace('name: "identity_fp32"', f'name: "{name}"')
+        config += f'parameters {{ key: "TRIDENT_INLINE_EXECUTION" value: {{ string_value: "{mode}" }} }}\n'
+        (repo / name / "config.pbtxt").write_text(config)
+    async with open_server(ServerOptions(model_repositories=[str(repo)])) as server:
         x = np.arange(4, dtype=np.float32)
-
-        def identity() -> InferenceRequest:
-            return InferenceRequest("identity_fp32", [Tensor.from_numpy("INPUT0", x)])
-
-        kinds = []
-        for _ in range(12):  # the first calls run on the instance's thread, then inline
-            result = server.infer_now(identity())
-            if isinstance(result, InferenceResponse):
-                kinds.append("now")
-            else:
-                kinds.append("later")
-                result = await result
-            np.testing.assert_array_equal(result.output("OUTPUT0").data, x)
-        assert kinds[0] == "later" and kinds[-1] == "now"
+        for _ in range(3):
+            now = server.infer_now(InferenceRequest("inline", [Tensor.from_numpy("INPUT0", x)]))
+            assert isinstance(now, InferenceResponse)
+            np.testing.assert_array_equal(now.output("OUTPUT0").data, x)
+            later = server.infer_now(InferenceRequest("threaded", [Tensor.from_numpy("INPUT0", x)]))
+            assert not isinstance(later, InferenceResponse)
+            np.testing.assert_array_equal((await later).output("OUTPUT0").data, x)
         req, a, b = add_sub_request(2)
-        later = server.infer_now(req)  # the dynamic batcher: never here and now
-        assert not isinstance(later, InferenceResponse)
-        np.testing.assert_array_equal((await later).output("OUTPUT0").data, a + b)
-        bad = InferenceRequest("identity_fp32", [Tensor.from_numpy("INPUT0", x.astype(np.int32))])
+        batched = server.infer_now(req)  # the dynamic batcher: never here and now
+        assert not isinstance(batched, InferenceResponse)
+        np.testing.assert_array_equal((await batched).output("OUTPUT0").data, a + b)
+        bad = InferenceRequest("inline", [Tensor.from_numpy("INPUT0", x.astype(np.int32))])
         with pytest.raises(TritonError) as caught:
             server.infer_now(bad)
         assert caught.value.code.name == "INVALID_ARG"
@@ -278,5 +278,6 @@ async def test_infer_now_answers_at_once_or_hands_back_what_finishes_the_request
             server.infer_now(InferenceRequest("missing", [Tensor.from_numpy("INPUT0", x)]))
         assert caught.value.code.name in ("NOT_FOUND", "UNAVAILABLE")
         assert await server.wait_drained(1)  # every admission was released
-        stats = server.model_statistics("identity_fp32")[0]
-        assert stats.success.count == 12 and stats.fail.count == 0
+        for name in ("inline", "threaded"):
+            stats = server.model_statistics(name)[0]
+            assert stats.success.count == 3 and stats.fail.count == 0
