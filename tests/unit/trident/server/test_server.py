@@ -1,5 +1,6 @@
 """The Server facade in-process (no sockets): lifecycle, inference, validation, cancellation."""
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -246,10 +247,12 @@ async def test_unloading_a_model_joins_its_threads(tmp_path: Path) -> None:
         assert "trident-aio-0" not in names and not any(n.startswith("trident-asyncio-aio") for n in names)
 
 
-async def test_infer_now_answers_at_once_or_hands_back_what_finishes_the_request(tmp_path):
+async def test_infer_now_answers_at_once_or_hands_back_what_finishes_the_request(tmp_path, caplog):
     """Server.infer_now: an idle instance running inline answers synchronously; a batching model
     or a call on the instance's thread gives an awaitable that finishes the request; a bad
-    request raises at once; nothing is left admitted."""
+    request raises at once; nothing is left admitted. (With --log-verbose every request takes
+    the logged, awaited way: the level is set here, whatever earlier tests left.)"""
+    caplog.set_level(logging.INFO, logger="trident.server")
     repo = tmp_path / "repo"
     shutil.copytree(EXAMPLE_REPOSITORY / "add_sub", repo / "add_sub")
     for name, mode in (("inline", "always"), ("threaded", "never")):
