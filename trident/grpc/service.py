@@ -278,7 +278,7 @@ class InferenceService:
     async def model_infer(self, call: Call, data: bytearray) -> tuple[list[Any], int]:
         """ModelInfer. Raises TritonError (decoupled models: UNSUPPORTED -> UNIMPLEMENTED)."""
         request = await self._request(call, data)
-        shm_outputs = self._shm_outputs(request)
+        shm_outputs = self._check_shm_outputs(request)
         response = await self.server.infer(request, endpoint="ModelInfer RPC")
         return self._encode(call, response, shm_outputs)
 
@@ -293,7 +293,7 @@ class InferenceService:
             request = grpc_codec.decode_model_infer_request(data, self.server.shared_memory.input_view)
         except grpc_codec.DecodeError as e:
             raise invalid_arg(f"failed to parse ModelInferRequest: {e}") from None
-        shm_outputs = self._shm_outputs(request)
+        shm_outputs = self._check_shm_outputs(request)
         result = self.server.infer_now(request, endpoint="ModelInfer RPC")
         if isinstance(result, InferenceResponse):
             return self._encode(call, result, shm_outputs)
@@ -303,7 +303,7 @@ class InferenceService:
                             shm_outputs: dict[str, Any] | None) -> tuple[list[Any], int]:
         return self._encode(call, await result, shm_outputs)
 
-    def _shm_outputs(self, request: InferenceRequest) -> dict[str, Any] | None:
+    def _check_shm_outputs(self, request: InferenceRequest) -> dict[str, Any] | None:
         """The outputs requested in shared memory, checked before the model runs (as Triton);
         raises TritonError for a bad region."""
         shm_outputs = _shm_outputs(request)

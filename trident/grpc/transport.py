@@ -843,18 +843,16 @@ class Connection:
             call._headers_sent = True
             self._sends += 1
             frame_size = engine.max_outbound_frame_size
-            if framed <= frame_size:
-                engine.send_data(stream_id, message)
-                frames = 1
-            else:
-                view = memoryview(message)
-                for pos in range(0, framed, frame_size):
-                    engine.send_data(stream_id, view[pos:pos + frame_size])
-                    frames += 1
+            view = memoryview(message)
+            for pos in range(0, framed, frame_size):
+                engine.send_data(stream_id, view[pos:pos + frame_size])
+                frames += 1
         except http2.StreamClosedError:
-            pass  # the stream is gone: nothing more goes out on it
-        self._sends += 1
-        self.guard.data_sent(frames)
+            return True  # the stream is gone: nothing more goes out on it (its trailers neither)
+        finally:
+            if frames:
+                self._sends += 1
+                self.guard.data_sent(frames)
         return True
 
     def _parse_headers(self, headers: Sequence[tuple[bytes, bytes]]) -> tuple[Any, ...]:

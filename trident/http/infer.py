@@ -32,8 +32,8 @@ ReadBody = Callable[[], Awaitable["bytes | bytearray | memoryview"]]
 RunInfer = Callable[[InferenceRequest, bool], Awaitable["InferenceResponse | None"]]
 
 JSON = (b"content-type", b"application/json")
-_HEADER_INFO_CACHE = 256  # header tuples whose scan an endpoint keeps
 OCTET = (b"content-type", b"application/octet-stream")
+_HEADER_INFO_CACHE = 256  # header tuples whose scan an endpoint keeps
 
 
 class Disconnected(Exception):

@@ -208,6 +208,10 @@ class Server:
         """
         if log.isEnabledFor(VERBOSE):
             return self._logged(self._infer(request, endpoint), request)
+        return self._start(request, endpoint)
+
+    def _start(self, request: InferenceRequest, endpoint: str) -> InferenceResponse | Awaitable[InferenceResponse]:
+        """:meth:`infer_now` without its logging."""
         mv = self.repository.get(request.model_name, request.model_version)
         if mv.decoupled:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
@@ -229,14 +233,10 @@ class Server:
             self._release()
 
     async def _infer(self, request: InferenceRequest, endpoint: str) -> InferenceResponse:
-        mv = self.repository.get(request.model_name, request.model_version)
-        if mv.decoupled:
-            raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
-        self._admit()
-        try:
-            return await mv.infer(request)
-        finally:
-            self._release()
+        result = self._start(request, endpoint)
+        if isinstance(result, InferenceResponse):
+            return result
+        return await result
 
     async def _logged(self, call: Awaitable[Any], request: InferenceRequest) -> Any:
         """``await call``, logging the request's id, model and outcome (--log-verbose >= 1)."""

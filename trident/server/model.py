@@ -316,19 +316,6 @@ class ModelVersion:
             return False
         return self.state == "READY"
 
-    async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        """Run ``request`` of a model that answers once (not decoupled) and return its response.
-
-        :meth:`infer_now` awaited to the end (a caller already cancelled runs nothing). Raises
-        what infer_stream raises, and the error of an error response. Cancellation: as
-        infer_stream.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        result = self.infer_now(request)
-        if isinstance(result, InferenceResponse):
-            return result
-        return await result
-
     def infer_now(self, request: InferenceRequest) -> InferenceResponse | Awaitable[InferenceResponse]:
         """Start ``request`` of a model that answers once: its response when it ran here and now,
         else an awaitable that finishes it.
@@ -394,7 +381,7 @@ class ModelVersion:
 
     async def _collect(self, request: InferenceRequest, batch_size: int, trace: Any,
                        pending: Pending | None = None, slot: Any = None) -> InferenceResponse:
-        """:meth:`infer` the way of infer_stream (:meth:`_respond`): its one response."""
+        """:meth:`infer_now` the way of infer_stream (:meth:`_respond`): its one response."""
         result: list[InferenceResponse] = []
 
         async def keep(response: InferenceResponse) -> None:
