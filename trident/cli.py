@@ -452,8 +452,9 @@ def _serve(args: argparse.Namespace, prog: str) -> int:
     except ValueError as e:
         sys.stderr.write(f"{prog}: error: {e}\n")
         return 2
-    from trident.serve import serve
+    from trident.serve import fifo_task_order, serve
 
+    fifo_task_order()  # the process's trio runs ready tasks first come, first served
     try:
         return trio.run(serve, options)
     except KeyboardInterrupt:
