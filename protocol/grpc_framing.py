@@ -100,8 +100,11 @@ class MessageDecoder:
         self._prefix.clear()
         self._buffer = None
 
-    def feed(self, data: Buffer) -> list[tuple[bool, bytearray]]:
-        """Consume one chunk; returns the messages it completed. Raises FramingError."""
+    def feed(self, data: Buffer | list[Buffer]) -> list[tuple[bool, bytearray]]:
+        """Consume one chunk (or a list of chunks, in order); returns the messages it completed.
+        Raises FramingError."""
+        if isinstance(data, list):
+            return self._feed_parts(data)
         view = memoryview(data)
         end = len(view)
         pos = 0
@@ -135,6 +138,16 @@ class MessageDecoder:
             pos += take
             if len(buffer) == self._length:
                 out.append(self._finish())
+        return out
+
+    def _feed_parts(self, parts: list[Buffer]) -> list[tuple[bool, bytearray]]:
+        out: list[tuple[bool, bytearray]] = []
+        for part in parts:
+            buffer = self._buffer
+            if buffer is not None and len(buffer) + len(part) < self._length:
+                buffer += part  # inside a message that goes on past this part (most of a large one)
+            else:
+                out += self.feed(part)
         return out
 
     def _start(self, flag: int, length: int) -> None:

@@ -190,16 +190,43 @@ class FrameGuard:
                 cuts.append(start)
                 since_cut = 0
             since_cut += 1
-            if not self._check(header[hpos + 3], header[hpos + 4], length, now, start):
+            kind = header[hpos + 3]
+            plain = kind == DATA and length and self._block < 0 and not header[hpos + 4] & FLAG_PADDED
+            if not plain and not self._check(kind, header[hpos + 4], length, now, start):
                 return cuts
             if length > self.max_frame_size:
                 self._stopped = True  # the engine answers FRAME_SIZE_ERROR and reads no further
                 return cuts
             if length:
-                self._skip = length
+                if length <= end - pos and not self._want_pad:  # the whole payload is here: pass it
+                    pos += length
+                    if not self._handshake:
+                        self._handshake = True
+                    if plain:  # payload bytes, nothing to count: so are the frames like it that follow
+                        pos, since_cut = self._plain_data(data, pos, end, since_cut, slice_frames)
+                else:
+                    self._skip = length
             elif not self._handshake:
                 self._handshake = True
         return cuts
+
+    def _plain_data(self, data: bytes | bytearray | memoryview, pos: int, end: int, since_cut: int,
+                    slice_frames: int) -> tuple[int, int]:
+        """Pass the non-empty, unpadded DATA frames (within the frame size) that follow whole at
+        ``pos`` (a large message in small frames), up to the next cut; returns ``(pos,
+        since_cut)`` after them. Any other frame is left to :meth:`feed`."""
+        max_size = self.max_frame_size
+        frames = 0
+        while end - pos >= FRAME_HEADER_SIZE and since_cut < slice_frames:
+            length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
+            if (data[pos + 3] != DATA or data[pos + 4] & FLAG_PADDED or not length or length > max_size
+                    or end - pos - FRAME_HEADER_SIZE < length):
+                break
+            frames += 1
+            since_cut += 1
+            pos += FRAME_HEADER_SIZE + length
+        self.frames += frames
+        return pos, since_cut
 
     def _check(self, kind: int, flags: int, length: int, now: float, start: int) -> bool:
         """Account one frame; False (with :attr:`abuse` set) when it breaks a budget."""

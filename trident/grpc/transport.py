@@ -204,13 +204,16 @@ class Call:
 
     # ---- receiving ------------------------------------------------------------------------
 
-    def _on_data(self, data: bytes, flow_length: int) -> None:
+    def _on_data(self, data: Any, flow_length: int) -> None:
+        """Bytes of the stream's DATA (a bytes-like object, or a list of them: the engine's
+        DATA event), ``flow_length`` the flow-controlled bytes they came in."""
         conn = self.conn
         if self._error is not None:
             conn._ack(flow_length, self.stream_id)
             return
-        if len(data) > conn._room():
-            self._fail(FramingError(GRPC_RESOURCE_EXHAUSTED, conn._budget_message(len(data))))
+        size = len(data) if type(data) is not list else sum(map(len, data))
+        if size > conn._room():
+            self._fail(FramingError(GRPC_RESOURCE_EXHAUSTED, conn._budget_message(size)))
             conn._ack(flow_length, self.stream_id)
             return
         held = bool(self._queue)
@@ -1073,13 +1076,17 @@ class Connection:
             fd = self._fd
             try:
                 while buffers:
+                    batch = buffers[:_IOV_MAX]
                     try:
-                        n = os.writev(fd, buffers[:_IOV_MAX])
+                        n = os.writev(fd, batch)
                     except BlockingIOError:
                         await trio.lowlevel.wait_writable(fd)
                         continue
                     except OSError as exc:
                         raise trio.BrokenResourceError(exc) from exc
+                    if n == sum(map(len, batch)):  # the whole batch went (no walk over its buffers)
+                        del buffers[:_IOV_MAX]
+                        continue
                     done = 0
                     while done < len(buffers) and n >= len(buffers[done]):
                         n -= len(buffers[done])

@@ -33,6 +33,26 @@ def test_decoder_reassembles_any_chunking(messages, cuts):
     decoder.close()
 
 
+@given(st.lists(st.binary(max_size=300), max_size=8), st.lists(st.integers(1, 50), min_size=1, max_size=40),
+       st.integers(1, 6))
+def test_decoder_takes_lists_of_chunks_as_their_concatenation(messages, cuts, per_list):
+    """A list of chunks (the engine's DATA event for a run of frames) decodes as the chunks one
+    after the other, whatever the cuts: messages inside one part, across parts, and across lists."""
+    data = stream_of(messages)
+    chunks, pos, i = [], 0, 0
+    while pos < len(data):
+        step = cuts[i % len(cuts)]
+        chunks.append(memoryview(data)[pos : pos + step])
+        pos += step
+        i += 1
+    decoder = f.MessageDecoder(1000)
+    out: list[bytes] = []
+    for start in range(0, len(chunks), per_list):
+        out += [bytes(m) for compressed, m in decoder.feed(chunks[start : start + per_list]) if not compressed]
+    assert out == messages
+    assert not decoder.partial
+
+
 def test_decoder_returns_writable_private_buffers():
     data = stream_of([b"abc", b""])
     messages = f.MessageDecoder().feed(data)

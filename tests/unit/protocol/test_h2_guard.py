@@ -166,6 +166,23 @@ def test_cuts_fall_on_frame_boundaries_every_slice_frames():
     assert cuts == [starts[4], starts[8]]
 
 
+def test_a_run_of_data_frames_is_counted_frame_by_frame_and_what_follows_is_still_checked():
+    run = frame(DATA, 0, 1, b"x" * 100) * 30
+    for flood, abuse in ((frame(DATA, 0, 1) * 11, TOO_MANY_CONTROL_FRAMES),  # empty DATA: zero progress
+                         (frame(DATA, 0x8, 1, b"\x00") * 11, TOO_MANY_CONTROL_FRAMES),  # padding only
+                         (frame(RST_STREAM, 0, 1, b"\x00\x00\x00\x08") * 11, TOO_MANY_RESETS)):
+        whole, split = started(GuardLimits(**{**LIMITS.__dict__, "slice_frames": 1000})), started()
+        whole.feed(run + flood, 0.0)
+        data = run + flood
+        for i in range(0, len(data), 7):
+            split.feed(data[i : i + 7], 0.0)
+        assert whole.frames == split.frames  # the SETTINGS, 30 DATA frames, the flood up to the abuse
+        assert whole.abuse == split.abuse == abuse
+    guard = FrameGuard(LIMITS, 0.0, max_frame_size=100)
+    guard.feed(PREFACE + SETTINGS_FRAME + run + frame(DATA, 0, 1, b"x" * 101) + frame(SETTINGS) * 50, 0.0)
+    assert guard.frames == 1 + 30 + 1 and guard.abuse is None  # stopped at the oversized frame
+
+
 def test_frame_headers_split_across_chunks():
     guard = started()
     data = (frame(RST_STREAM, 0, 1, b"\x00\x00\x00\x08") * 11)

@@ -384,6 +384,24 @@ def test_rfc9113_6_1_large_data_comes_out_as_slices_of_the_input_without_copies(
     assert [e[4] for e in events] == [False, False, True]
 
 
+def test_rfc9113_6_1_data_frames_in_a_row_on_a_stream_come_out_as_one_event_of_their_slices():
+    s, c = server(), Client()
+    opened(s, c, 1)
+    opened(s, c, 3)
+    chunk = (data(1, b"a" * 10) + data(1, b"b" * 20, pad=4) + data(1, b"c" * 30)
+             + data(3, b"x") + data(3, b"y", end_stream=True) + data(1, b"d") + PingFrame(0, opaque_data=b"12345678").serialize()
+             + data(1, b"e", end_stream=True))
+    events = s.receive_data(chunk)
+    assert [(e[0], e[1], e[3], e[4]) if e[0] == DATA else e for e in events] == [
+        (DATA, 1, 10 + (20 + 1 + 4) + 30, False), (DATA, 3, 2, True), (DATA, 1, 1, False), (PING, b"12345678"),
+        (DATA, 1, 1, True)]
+    first = events[0][2]
+    assert isinstance(first, list) and [bytes(p) for p in first] == [b"a" * 10, b"b" * 20, b"c" * 30]
+    assert all(isinstance(p, memoryview) and p.obj is chunk for p in first)  # slices, nothing copied
+    assert [bytes(p) for p in events[1][2]] == [b"x", b"y"]
+    assert bytes(events[2][2]) == b"d" and bytes(events[4][2]) == b"e"  # one frame: a plain slice
+
+
 # ---- §6.2 HEADERS, §6.10 CONTINUATION --------------------------------------------------------
 
 
@@ -685,6 +703,26 @@ def test_rfc9113_6_9_1_data_beyond_the_connection_window_is_flow_control_error()
     s, c = server(initial_window_size=1 << 20, max_frame_size=1 << 20, connection_window=65535), Client()
     opened(s, c)
     connection_error(s, data(1, b"x" * 65536), FLOW_CONTROL_ERROR)
+
+
+def test_rfc9113_6_9_1_windows_are_checked_frame_by_frame_in_a_run_of_data_frames():
+    # frames that fit come out (one event), the one past the stream window is a stream error
+    s, c = server(initial_window_size=100, connection_window=65535), Client()
+    opened(s, c)
+    events = s.receive_data(data(1, b"a" * 40) + data(1, b"b" * 40) + data(1, b"c" * 40))
+    assert [e[:2] for e in events] == [(DATA, 1), (RESET, 1)]
+    assert b"".join(bytes(p) for p in events[0][2]) == b"a" * 40 + b"b" * 40 and events[0][3] == 80
+    assert events[1] == (RESET, 1, FLOW_CONTROL_ERROR)
+    # and past the connection window, a connection error
+    s, c = server(initial_window_size=1 << 20, max_frame_size=1 << 20, connection_window=65535), Client()
+    opened(s, c)
+    connection_error(s, data(1, b"x" * 40_000) + data(1, b"y" * 25_000) + data(1, b"z" * 1000), FLOW_CONTROL_ERROR)
+
+
+def test_rfc9113_4_2_a_frame_over_the_size_limit_in_a_run_of_data_frames_is_frame_size_error():
+    s, c = server(), Client()
+    opened(s, c)
+    connection_error(s, data(1, b"a" * 100) + data(1, b"b" * 16385), FRAME_SIZE_ERROR)
 
 
 def test_rfc9113_6_9_1_acknowledged_data_reopens_the_windows():
