@@ -590,6 +590,35 @@ def test_rfc9113_6_5_2_data_frames_from_parts_are_the_frames_send_data_makes():
         s.data_frames(1, [memoryview(b"x" * 20000)], 20000)
 
 
+@pytest.mark.parametrize("frame_size, sizes", [
+    (16384, [5, 1 << 20]), (16384, [1 << 20]), (16384, [5, 16384 * 3, 16384]), (100, [3, 4000, 7, 7000, 1]),
+    (100, [250]), (100, [200]), (100, [100, 100, 1]), (16384, [16384]), (16384, [1, 16383, 16385])])
+def test_rfc9113_6_5_2_data_frames_of_large_parts_split_as_send_data_does(frame_size, sizes):
+    """Full frames that lie inside one part are sliced in bulk: the wire is the same as
+    send_data's for any part sizes (frames inside parts, across parts, ending on part ends)."""
+    payload = bytes(i % 251 for i in range(sum(sizes)))
+    view, parts, pos = memoryview(payload), [], 0
+    for n in sizes:
+        parts.append(view[pos:pos + n])
+        pos += n
+    wires = []
+    for how in ("data_frames", "send_data"):
+        s, c = server(initial_window_size=1 << 21, connection_window=1 << 21), Client()
+        opened(s, c, end_stream=True)
+        s.receive_data(settings(max_frame_size=max(frame_size, 16384), initial_window_size=1 << 21)
+                       + WindowUpdateFrame(0, window_increment=1 << 21).serialize())
+        s.max_outbound_frame_size = frame_size
+        sent(s)
+        if how == "data_frames":
+            buffers, frames = s.data_frames(1, parts, len(payload))
+            assert frames == -(-len(payload) // frame_size)
+            wires.append(b"".join(bytes(b) for b in buffers))
+        else:
+            s.send_data(1, payload)
+            wires.append(bytes(s.data_to_send()))
+    assert wires[0] == wires[1]
+
+
 # ---- §6.6 PUSH_PROMISE, §6.7 PING, §6.8 GOAWAY -----------------------------------------------
 
 
