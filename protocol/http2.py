@@ -109,6 +109,21 @@ class FlowControlError(Exception):
     """A DATA send larger than the flow-control window (the caller checks the window first)."""
 
 
+def _add_data(events: list[Any], stream_id: int, data: Any, flow: int, ended: bool) -> None:
+    """Add a DATA event of ``data`` (a chunk, or a list of them), joined to the event just
+    before it when that is DATA of the same stream (adjacent frames: one event, flows summed)."""
+    last = events[-1] if events else None
+    if last is None or last[0] != DATA or last[1] != stream_id:
+        events.append((DATA, stream_id, data, flow, ended))
+        return
+    parts = last[2] if type(last[2]) is list else [last[2]]
+    if type(data) is list:
+        parts += data
+    else:
+        parts.append(data)
+    events[-1] = (DATA, stream_id, parts, last[3] + flow, ended)
+
+
 class _Stream:
     __slots__ = ("stream_id", "send_window", "recv_window", "recv_processed", "remote_ended", "local_ended")
 
@@ -288,7 +303,7 @@ class H2Server:
         stream_id = stream.stream_id
         max_size = self.max_inbound_frame_size
         room = min(self._recv_window, stream.recv_window)
-        parts: list[Any] | None = None
+        parts: list[Any] = []
         flow = 0
         ended = False
         while end - pos >= 9:
@@ -297,8 +312,6 @@ class H2Server:
             if (kind != DATA_FRAME or sid != stream_id or flags & ~FLAG_END_STREAM or length > max_size
                     or flow + length > room or end - pos - 9 < length):
                 break
-            if parts is None:
-                parts = []
             start = pos + 9
             pos = start + length
             parts.append(view[start:pos] if owned else bytes(view[start:pos]))
@@ -306,18 +319,11 @@ class H2Server:
             if flags:  # END_STREAM
                 ended = True
                 break
-        if parts is None:
+        if not parts:
             return pos
         self._recv_window -= flow
         stream.recv_window -= flow
-        last = events[-1]
-        first = last[2]
-        if type(first) is list:
-            first += parts
-        else:
-            parts.insert(0, first)
-            first = parts
-        events[-1] = (DATA, stream_id, first, last[3] + flow, ended)
+        _add_data(events, stream_id, parts, flow, ended)
         if ended:
             self._remote_end(stream)
         return pos
@@ -448,17 +454,7 @@ class H2Server:
                 self._auto_ack(length)
             else:
                 chunk = view[body : body + data_length] if owned else bytes(view[body : body + data_length])
-                last = events[-1] if events else None
-                if last is not None and last[0] == DATA and last[1] == stream_id:
-                    # the stream's previous DATA in this chunk: one event for the run of frames
-                    parts = last[2]
-                    if type(parts) is list:
-                        parts.append(chunk)
-                    else:
-                        parts = [parts, chunk]
-                    events[-1] = (DATA, stream_id, parts, last[3] + length, ended)
-                else:
-                    events.append((DATA, stream_id, chunk, length, ended))
+                _add_data(events, stream_id, chunk, length, ended)
                 if ended:
                     self._remote_end(target)
                 else:

@@ -89,8 +89,10 @@ def fifo_task_order() -> bool:
     except ImportError:
         return False
     current = getattr(_run, "_r", None)
+    if isinstance(current, _FirstComeFirstServed):
+        return True  # applied already
     if type(current) is not random.Random or getattr(_run, "_ALLOW_DETERMINISTIC_SCHEDULING", True):
-        return isinstance(current, _FirstComeFirstServed)
+        return False
     _run._r = _FirstComeFirstServed()
     return True
 
