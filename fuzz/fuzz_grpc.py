@@ -2,7 +2,7 @@
 
 Input layout: the first byte picks the target, the rest is its input.
 
-* 0: a gRPC DATA stream, fed to a MessageDecoder (4 KiB limit) in chunks whose sizes come from
+* 0: a gRPC DATA stream, fed to a MessageDecoder (4 KiB limit) in chunks (some as lists of two) whose sizes come from
   the input; every complete message is then decoded as a ModelInferRequest (target 1);
 * 1: a serialized ModelInferRequest; a decoded request's inputs are encoded back as a
   ModelInferResponse and a ModelStreamInferResponse, which must not fail;
@@ -60,9 +60,13 @@ def _stream(body: bytes) -> None:
     try:
         while pos < len(body):
             size = 1 + (body[pos] % 64) * step
-            for _, message in decoder.feed(body[pos : pos + size]):
+            chunk = body[pos : pos + size]
+            half = len(chunk) // 2
+            # odd steps: a list of chunks (the engine's event for a run of DATA frames)
+            for _, message in decoder.feed([chunk[:half], chunk[half:]] if step % 2 else chunk):
                 _request(bytes(message))
             pos += size
+            assert decoder.buffered <= pos
             step = step % 7 + 1
         decoder.close()
     except grpc_framing.FramingError as e:

@@ -71,83 +71,91 @@ class MessageDecoder:
     ``payload`` a fresh ``bytearray`` (so numpy arrays decoded from it are writable and own
     no memory of the transport). A declared length above ``max_message_size`` raises
     FramingError(RESOURCE_EXHAUSTED) as soon as the prefix is seen, before the payload arrives.
-    Nothing is allocated on a declaration: the buffer grows as the payload arrives, so
-    :attr:`buffered` is what the peer actually sent.
+    Nothing is allocated on a declaration, so :attr:`buffered` is what the peer actually sent:
+    a payload that arrives within one :meth:`feed` call is copied once, at its exact size; one
+    spread over several calls is kept as one copy of each call's part of it (holding no view
+    of the input) and joined once when it completes (two copies, no reallocation on the way).
     """
 
-    __slots__ = ("max_message_size", "_prefix", "_buffer", "_compressed", "_length")
+    __slots__ = ("max_message_size", "_prefix", "_chunks", "_filled", "_length", "_compressed")
 
     def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
         self.max_message_size = max_message_size
         self._prefix = bytearray()
-        self._buffer: bytearray | None = None
+        self._chunks: list[Buffer] = []  # copies of earlier calls' parts of the payload in progress
+        self._filled = 0  # payload bytes received of the message in progress
+        self._length = -1  # its declared length; -1 between messages
         self._compressed = False
-        self._length = 0
 
     @property
     def partial(self) -> bool:
         """True while part of a message (or of its prefix) is buffered."""
-        return bool(self._prefix) or self._buffer is not None
+        return bool(self._prefix) or self._length >= 0
 
     @property
     def buffered(self) -> int:
         """Bytes held for the message in progress (prefix or payload)."""
-        buffer = self._buffer
-        return len(self._prefix) if buffer is None else len(buffer)
+        return len(self._prefix) if self._length < 0 else self._filled
 
     def discard(self) -> None:
         """Drop the message in progress (the stream failed)."""
         self._prefix.clear()
-        self._buffer = None
+        self._chunks = []
+        self._filled = 0
+        self._length = -1
 
     def feed(self, data: Buffer | list[Buffer]) -> list[tuple[bool, bytearray]]:
         """Consume one chunk (or a list of chunks, in order); returns the messages it completed.
-        Raises FramingError."""
-        if isinstance(data, list):
-            return self._feed_parts(data)
-        view = memoryview(data)
-        end = len(view)
-        pos = 0
+        Raises FramingError (the decoder is then to be discarded)."""
         out: list[tuple[bool, bytearray]] = []
-        while pos < end:
-            buffer = self._buffer
-            if buffer is None:
-                need = PREFIX_SIZE - len(self._prefix)
-                if not self._prefix and end - pos >= PREFIX_SIZE:
-                    flag, length = PREFIX.unpack_from(view, pos)
-                    pos += PREFIX_SIZE
-                else:
-                    self._prefix += view[pos : pos + need]
-                    pos += min(need, end - pos)
-                    if len(self._prefix) < PREFIX_SIZE:
-                        break
-                    flag, length = PREFIX.unpack(self._prefix)
-                    self._prefix.clear()
-                self._start(flag, length)
-                if length == 0:
-                    out.append(self._finish())
-                    continue
-                if end - pos >= length:  # the whole payload is here: one copy, exact size
-                    self._buffer = bytearray(view[pos : pos + length])
-                    pos += length
-                    out.append(self._finish())
-                    continue
-                buffer = self._buffer = bytearray()
-            take = min(self._length - len(buffer), end - pos)
-            buffer += view[pos : pos + take]
-            pos += take
-            if len(buffer) == self._length:
-                out.append(self._finish())
-        return out
-
-    def _feed_parts(self, parts: list[Buffer]) -> list[tuple[bool, bytearray]]:
-        out: list[tuple[bool, bytearray]] = []
+        pending: list[Buffer] = []  # this call's parts of the payload in progress
+        length = self._length
+        filled = self._filled
+        parts: Iterable[Buffer] = data if isinstance(data, list) else (data,)
         for part in parts:
-            buffer = self._buffer
-            if buffer is not None and len(buffer) + len(part) < self._length:
-                buffer += part  # inside a message that goes on past this part (most of a large one)
-            else:
-                out += self.feed(part)
+            if length >= 0:
+                size = len(part)
+                if filled + size < length:  # inside a payload that goes on past this part (most of a large one)
+                    pending.append(part)
+                    filled += size
+                    continue
+            view = memoryview(part)
+            end = len(view)
+            pos = 0
+            while pos < end:
+                if length < 0:
+                    prefix = self._prefix
+                    if not prefix and end - pos >= PREFIX_SIZE:
+                        flag, length = PREFIX.unpack_from(view, pos)
+                        pos += PREFIX_SIZE
+                    else:
+                        need = PREFIX_SIZE - len(prefix)
+                        prefix += view[pos : pos + need]
+                        pos += min(need, end - pos)
+                        if len(prefix) < PREFIX_SIZE:
+                            break
+                        flag, length = PREFIX.unpack(prefix)
+                        prefix.clear()
+                    self._start(flag, length)
+                    filled = 0
+                    if end - pos >= length:  # the whole payload is here: one copy, exact size
+                        out.append((self._compressed, bytearray(view[pos : pos + length])))
+                        pos += length
+                        length = -1
+                        continue
+                take = min(length - filled, end - pos)
+                pending.append(view[pos : pos + take])
+                filled += take
+                pos += take
+                if filled == length:
+                    out.append((self._compressed, self._join(pending)))
+                    pending = []
+                    length = -1
+                    filled = 0
+        self._length = length
+        self._filled = filled
+        if pending:  # the payload goes on in a later call: keep a copy of this call's part
+            self._chunks.append(b"".join(pending))
         return out
 
     def _start(self, flag: int, length: int) -> None:
@@ -155,20 +163,23 @@ class MessageDecoder:
             raise FramingError(GRPC_INTERNAL, f"invalid gRPC message flag {flag:#x}")
         check_size(length, self.max_message_size)
         self._compressed = flag == 1
-        self._length = length
-        self._buffer = bytearray() if length == 0 else None
 
-    def _finish(self) -> tuple[bool, bytearray]:
-        buffer = self._buffer
-        assert buffer is not None
-        self._buffer = None
-        return self._compressed, buffer
+    def _join(self, pending: list[Buffer]) -> bytearray:
+        """The completed payload: the earlier calls' copies and this call's parts, copied once."""
+        chunks = self._chunks
+        if not chunks:
+            return bytearray().join(pending)
+        self._chunks = []
+        chunks += pending
+        return bytearray().join(chunks)
 
     def close(self) -> None:
         """The stream ended: raises FramingError(INTERNAL) if a message is incomplete."""
         if self.partial:
-            got = len(self._prefix) if self._buffer is None else len(self._buffer)
-            want = PREFIX_SIZE if self._buffer is None else self._length
+            if self._length < 0:
+                got, want = len(self._prefix), PREFIX_SIZE
+            else:
+                got, want = self._filled, self._length
             raise FramingError(GRPC_INTERNAL, f"incomplete gRPC message: stream ended after {got} of {want} bytes")
 
 

@@ -53,6 +53,36 @@ def test_decoder_takes_lists_of_chunks_as_their_concatenation(messages, cuts, pe
     assert not decoder.partial
 
 
+@given(st.lists(st.binary(min_size=1, max_size=3000), min_size=1, max_size=4),
+       st.lists(st.integers(1, 700), min_size=1, max_size=20), st.integers(1, 5))
+def test_decoder_holds_copies_and_counts_them(messages, cuts, per_list):
+    """A payload spread over calls is kept as copies: the input buffers can be reused (here:
+    overwritten) after each call, and ``buffered`` is the payload (or prefix) bytes held."""
+    data = stream_of(messages)
+    decoder = f.MessageDecoder(4000)
+    out: list[bytes] = []
+    pos, i = 0, 0
+    while pos < len(data):
+        chunks = []
+        for _ in range(per_list):
+            step = cuts[i % len(cuts)]
+            i += 1
+            if pos < len(data):
+                chunks.append(bytearray(data[pos : pos + step]))
+                pos += step
+        for compressed, m in decoder.feed(chunks):
+            assert isinstance(m, bytearray) and not compressed
+            out.append(bytes(m))
+        for chunk in chunks:  # the reader's buffers are reused for the next read
+            chunk[:] = b"\xee" * len(chunk)
+        # what the decoder holds: the bytes past the last complete message
+        done = sum(len(m) + f.PREFIX_SIZE for m in out)
+        held = min(pos, len(data)) - done
+        assert decoder.buffered == (held if held < f.PREFIX_SIZE or not decoder.partial else held - f.PREFIX_SIZE)
+    assert out == messages
+    assert not decoder.partial and decoder.buffered == 0
+
+
 def test_decoder_returns_writable_private_buffers():
     data = stream_of([b"abc", b""])
     messages = f.MessageDecoder().feed(data)
