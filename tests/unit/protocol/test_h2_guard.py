@@ -158,12 +158,28 @@ def test_empty_continuations_are_zero_progress():
 
 
 def test_cuts_fall_on_frame_boundaries_every_slice_frames():
-    guard = started()
-    frames = [frame(DATA, 0, 1, b"x" * n) for n in range(1, 11)]
+    guard = started()  # slice_frames=4
+    frames = [frame(DATA, 0x8, 1, b"\x00" + b"x" * n) for n in range(1, 11)]  # padded: each checked
     data = b"".join(frames)
     cuts = guard.feed(data, 0.0)
     starts = [sum(map(len, frames[:i])) for i in range(len(frames))]
     assert cuts == [starts[4], starts[8]]
+
+
+def test_a_run_of_plain_data_frames_counts_half_in_a_slice():
+    """A large message in small frames: after its first DATA frame (a whole frame's share of the
+    slice), the plain DATA frames that follow count half: 7 frames in a slice of 4 (8 halves)."""
+    guard = started()  # slice_frames=4
+    frames = [frame(DATA, 0, 1, b"x" * n) for n in range(1, 17)]
+    data = b"".join(frames)
+    starts = [sum(map(len, frames[:i])) for i in range(len(frames))]
+    assert guard.feed(data, 0.0) == [starts[7], starts[14]]
+    # a frame of another kind after half a slice of a run: it needs a whole frame's share
+    guard = started()
+    run = [frame(DATA, 0, 1, b"x")] * 6 + [frame(DATA, 0x8, 1, b"\x00y")] * 2
+    data = b"".join(run)
+    starts = [sum(map(len, run[:i])) for i in range(len(run))]
+    assert guard.feed(data, 0.0) == [starts[6]]  # 2 + 5 halves: no room for 2 more
 
 
 def test_a_run_of_data_frames_is_counted_frame_by_frame_and_what_follows_is_still_checked():
