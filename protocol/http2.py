@@ -11,7 +11,8 @@ Events are tuples whose first item is the kind:
   and validated (RFC 9113 §8.2, §8.3); ``headers`` is a tuple of ``(name, value)`` bytes pairs,
   shared with the decode cache (never mutate it);
 * ``(DATA, stream_id, data, flow_length, end_stream)``: payload bytes of an open stream, a
-  ``memoryview`` slice of the chunk passed in (or ``bytes``) -- a large DATA frame spread over
+  ``memoryview`` slice of the chunk passed in when that chunk is immutable (``bytes``, or a
+  ``memoryview`` of ``bytes``), else a copy (``bytes``) -- a large DATA frame spread over
   several chunks comes out as several events, never accumulated; whole DATA frames of one
   stream that follow each other in a chunk come out as one event whose ``data`` is the
   ``list`` of their slices (a 1 MiB message in 16 KiB frames: a few events, not 64), so
@@ -258,7 +259,9 @@ class H2Server:
             data = data[len(head):]
             if self._preface < len(PREFACE):
                 return
-        owned = isinstance(data, bytes)
+        # an immutable chunk (bytes, or a view of bytes: the transport's slices of a read) is
+        # handed out in slices; anything else may change after the call and is copied
+        owned = isinstance(data, bytes) or (isinstance(data, memoryview) and isinstance(data.obj, bytes))
         view = data if isinstance(data, memoryview) else memoryview(data)
         end = len(view)
         pos = 0

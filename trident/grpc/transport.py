@@ -78,6 +78,7 @@ log = logging.getLogger("trident.grpc")
 Parts = Sequence[Any]  # buffers: bytes, bytearray, memoryview or 1-D uint8 numpy arrays
 
 _RECEIVE_SIZE = 256 * 1024
+_RECEIVE_MAX = 1024 * 1024 + 64 * 1024  # after a read that filled its buffer: a 1 MiB message and its frame headers
 _WRITEV_SIZE = 64 * 1024  # a response message from this size is written from its parts (no copy)
 _IOV_MAX = 1024
 _INLINE_INFLATE = 1024 * 1024  # gzip output inflated on the event loop; the rest in worker threads
@@ -86,6 +87,17 @@ _KEEPALIVE_PING = b"trident\x00"
 _LINGER_SECS = 1.0  # after a GOAWAY for abuse: read and drop what the client still sends, then close
 _LINGER_BYTES = 16 * 1024 * 1024
 _PARSED_HEADERS_CACHE = 64  # request header tuples whose parse a connection keeps
+
+
+def next_receive_size(size: int, got: int) -> int:
+    """The size of the socket read after one of ``size`` bytes that returned ``got``:
+    ``_RECEIVE_MAX`` after a full read (more bytes wait: a large message is arriving),
+    ``_RECEIVE_SIZE`` again after a read shorter than that, else ``size``."""
+    if got == size:
+        return _RECEIVE_MAX
+    if got < _RECEIVE_SIZE:
+        return _RECEIVE_SIZE
+    return size
 
 
 class GrpcError(Exception):
@@ -445,6 +457,7 @@ class Connection:
         self._draining = False
         self._broken = False
         self._drained = False  # the last read emptied the socket: the next one waits first
+        self._receive_size = _RECEIVE_SIZE  # the next read's size (grows while reads come back full)
         now = trio.current_time()
         self.guard = FrameGuard(config.guard, now, max_frame_size=config.max_frame_size)
         self._pings = PingPolicy(config.min_recv_ping_interval, config.max_ping_strikes,
@@ -535,10 +548,11 @@ class Connection:
                 return
             if cuts:  # a chunk of many frames: the engine gets it in slices, other tasks run in between
                 start = 0
+                view = memoryview(data)  # slices of the bytes read, not copies
                 for cut in [*cuts, len(data)]:
                     if start:
                         await trio.lowlevel.checkpoint()  # a flush that writes at once does not yield
-                    if not await self._receive(data[start:cut]):
+                    if not await self._receive(view[start:cut]):
                         return
                     start = cut
             elif not await self._receive(data):
@@ -548,28 +562,32 @@ class Connection:
         """The next received bytes (b"" at EOF); raises trio.BrokenResourceError. Exactly one
         checkpoint, as ``receive_some``: the wait for bytes, or a yield when they were there.
         After a read that emptied the socket (fewer bytes than asked for), it waits for bytes
-        first instead of trying a read that would almost always fail."""
+        first instead of trying a read that would almost always fail. A read that fills its
+        buffer (a large message arriving) makes the next one ``_RECEIVE_MAX`` bytes, until a read
+        returns less than ``_RECEIVE_SIZE``: a 1 MiB message then takes a read or two, not five."""
         fd = self._fd
         if fd < 0:
             return await self.stream.receive_some(_RECEIVE_SIZE)
         waited = self._drained
         if waited:
             await trio.lowlevel.wait_readable(fd)
+        size = self._receive_size
         while True:
             try:
-                data = os.read(fd, _RECEIVE_SIZE)
+                data = os.read(fd, size)
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(fd)
                 waited = True
                 continue
             except OSError as exc:
                 raise trio.BrokenResourceError(exc) from exc
-            self._drained = len(data) < _RECEIVE_SIZE
+            self._drained = len(data) < size
+            self._receive_size = next_receive_size(size, len(data))
             if not waited:
                 await trio.lowlevel.checkpoint()
             return data
 
-    async def _receive(self, data: bytes | bytearray) -> bool:
+    async def _receive(self, data: bytes | bytearray | memoryview) -> bool:
         """Feed one slice to the engine and act on its events; False once the connection must end."""
         try:
             events = self.engine.receive_data(data)

@@ -384,6 +384,23 @@ def test_rfc9113_6_1_large_data_comes_out_as_slices_of_the_input_without_copies(
     assert [e[4] for e in events] == [False, False, True]
 
 
+def test_rfc9113_6_1_views_of_bytes_are_sliced_other_buffers_copied():
+    """A chunk that cannot change (bytes, or a view of bytes: the transport's slices of one read)
+    is handed out in slices; a view of a bytearray may change after the call and is copied."""
+    payload = b"q" * 50
+    frames = data(1, payload) + data(1, payload)
+    for chunk, sliced in ((memoryview(frames)[0:], True), (memoryview(bytes(3) + frames)[3:], True),
+                          (memoryview(bytearray(frames)), False), (bytearray(frames), False)):
+        s, c = server(), Client()
+        opened(s, c)
+        (event,) = s.receive_data(chunk)
+        assert event[0] == DATA and [bytes(p) for p in event[2]] == [payload, payload]
+        if sliced:
+            assert all(isinstance(p, memoryview) and p.obj is chunk.obj for p in event[2])
+        else:
+            assert all(isinstance(p, bytes) for p in event[2])
+
+
 def test_rfc9113_6_1_data_frames_in_a_row_on_a_stream_come_out_as_one_event_of_their_slices():
     s, c = server(), Client()
     opened(s, c, 1)

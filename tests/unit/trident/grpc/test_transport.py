@@ -868,3 +868,16 @@ async def test_a_unary_call_with_two_messages_or_none_is_internal(served):
         assert (two.status, two.message) == (GRPC_INTERNAL, "unary call received more than one request message")
         assert (none.status, none.message) == (GRPC_INTERNAL, "unary call ended without a request message")
         assert (await c.unary("/test.T/Echo", b"fine")).messages() == [b"fine"]
+
+
+def test_reads_grow_while_they_come_back_full_and_shrink_after_a_short_one():
+    """A large message arriving fills the 256 KiB reads: the next ones take up to 1 MiB and its
+    frame headers at once, until a read returns less than 256 KiB."""
+    from trident.grpc.transport import _RECEIVE_MAX, _RECEIVE_SIZE, next_receive_size
+
+    assert next_receive_size(_RECEIVE_SIZE, _RECEIVE_SIZE) == _RECEIVE_MAX
+    assert next_receive_size(_RECEIVE_MAX, _RECEIVE_MAX) == _RECEIVE_MAX
+    assert next_receive_size(_RECEIVE_MAX, _RECEIVE_SIZE) == _RECEIVE_MAX  # still a lot waiting
+    assert next_receive_size(_RECEIVE_MAX, _RECEIVE_SIZE - 1) == _RECEIVE_SIZE
+    assert next_receive_size(_RECEIVE_SIZE, 100) == _RECEIVE_SIZE
+    assert next_receive_size(_RECEIVE_SIZE, 0) == _RECEIVE_SIZE
