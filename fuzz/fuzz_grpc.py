@@ -2,8 +2,9 @@
 
 Input layout: the first byte picks the target, the rest is its input.
 
-* 0: a gRPC DATA stream, fed to a MessageDecoder (4 KiB limit) in chunks (some as lists of two) whose sizes come from
-  the input; every complete message is then decoded as a ModelInferRequest (target 1);
+* 0: a gRPC DATA stream, fed to a MessageDecoder (4 KiB limit) in chunks whose sizes come from
+  the input (some as a list of two, as the engine hands on a run of DATA frames);
+  every complete message is then decoded as a ModelInferRequest (target 1);
 * 1: a serialized ModelInferRequest; a decoded request's inputs are encoded back as a
   ModelInferResponse and a ModelStreamInferResponse, which must not fail;
 * 2: header values: grpc-timeout, grpc-message and ``-bin`` metadata parsing;
