@@ -30,12 +30,46 @@ def tensor_specs(config: ModelConfig, model_dir: Path) -> tuple[dict[str, Tensor
     return inputs, outputs
 
 
+SIGNATURES = 64  # input signatures a model remembers as valid (the table is emptied when full)
+
+
 def validate_request(name: str, max_batch_size: int, inputs: dict[str, TensorSpec],
-                     outputs: dict[str, TensorSpec], request: InferenceRequest) -> int:
+                     outputs: dict[str, TensorSpec], request: InferenceRequest,
+                     known: dict[tuple[tuple[str, str, tuple[int, ...]], ...], int] | None = None) -> int:
     """Check ``request`` against a model's inputs and outputs; return its batch size.
+
+    ``known``: the model's table of input signatures (each input's name, datatype and shape,
+    in order) that passed, with their batch sizes; clients send the same signature again and
+    again. A request without requested outputs whose signature is known skips the checks
+    that depend on the signature alone (each tensor's data is still checked against its
+    shape); one that passes is added (at most ``SIGNATURES``, then the table starts afresh).
+    The caller owns the table and keeps ``inputs``, ``outputs`` and ``max_batch_size`` fixed
+    for it.
 
     Raises TritonError(INVALID_ARG) with Triton's wording.
     """
+    key = None
+    if known is not None and not request.outputs:
+        try:
+            key = tuple([(t.name, t.datatype, t.shape) for t in request.inputs])
+            batch = known.get(key)
+        except TypeError:  # an unhashable shape (a list from an in-process caller)
+            key = batch = None
+        if batch is not None:
+            for tensor in request.inputs:
+                if tensor.data.shape != tensor.shape and tensor.data.size != int(np.prod(tensor.shape)):
+                    raise invalid_arg(f"input '{tensor.name}' data does not match its shape {_fmt(list(tensor.shape))}")
+            return batch
+    batch = _validate(name, max_batch_size, inputs, outputs, request)
+    if key is not None and known is not None:
+        if len(known) >= SIGNATURES:
+            known.clear()
+        known[key] = batch
+    return batch
+
+
+def _validate(name: str, max_batch_size: int, inputs: dict[str, TensorSpec],
+              outputs: dict[str, TensorSpec], request: InferenceRequest) -> int:
     seen: set[str] = set()
     batch = 1 if max_batch_size <= 0 else -1
     for tensor in request.inputs:

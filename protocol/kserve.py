@@ -349,18 +349,26 @@ def _decode_input(
     datatype = item.get("datatype")
     if not isinstance(datatype, str):
         raise invalid_arg(f"Unable to parse 'datatype' of input '{name}'")
-    shape_json = item.get("shape")
-    if not isinstance(shape_json, list) or not all(
-        type(d) is int and d >= 0
-        for d in shape_json  # bool is not a dimension
-    ):
-        raise invalid_arg(f"Unable to parse 'shape' of input '{name}': expected non-negative integers")
-    if len(shape_json) > MAX_DIMS:
-        raise invalid_arg(
-            f"invalid shape for input '{name}': {len(shape_json)} dimensions, at most {MAX_DIMS} are supported"
-        )
-    if any(d > _MAX_DIM for d in shape_json):
-        raise invalid_arg(f"invalid shape for input '{name}': a dimension exceeds {_MAX_DIM}")
+    shape_json: Any = item.get("shape")
+    count = 1  # the element count, -1 when the shape needs a closer look (one loop for the common case)
+    if type(shape_json) is list and len(shape_json) <= MAX_DIMS:
+        for d in shape_json:
+            if type(d) is not int or d < 0 or d > _MAX_DIM:  # bool is not a dimension
+                count = -1
+                break
+            count *= d
+    else:
+        count = -1
+    if count < 0:
+        if not isinstance(shape_json, list) or not all(type(d) is int and d >= 0 for d in shape_json):
+            raise invalid_arg(f"Unable to parse 'shape' of input '{name}': expected non-negative integers")
+        if len(shape_json) > MAX_DIMS:
+            raise invalid_arg(
+                f"invalid shape for input '{name}': {len(shape_json)} dimensions, at most {MAX_DIMS} are supported"
+            )
+        if any(d > _MAX_DIM for d in shape_json):
+            raise invalid_arg(f"invalid shape for input '{name}': a dimension exceeds {_MAX_DIM}")
+        count = datatypes.element_count(shape_json)
     shape = tuple(shape_json)
     params = item.get("parameters", _EMPTY)
     if not isinstance(params, dict):
@@ -388,7 +396,6 @@ def _decode_input(
         raise unsupported(f"input '{name}': {_SHM_UNSUPPORTED}")
     if not datatypes.is_datatype(datatype):
         raise invalid_arg(f"invalid datatype '{datatype}' for input '{name}'")
-    count = datatypes.element_count(shape)
     if has_shm:
         assert shm is not None
         region, shm_offset, shm_size = shm_parameters(params, f"input '{name}'")
@@ -527,7 +534,8 @@ def _typed(name: str, datatype: str, shape: tuple[int, ...], arr: np.ndarray,
             raise _bad_data(name, datatype, f"integer out of range [{info.min}, {info.max}]")
     elif kind not in "iuf":
         raise _bad_data(name, datatype, "expected numbers")
-    return arr.astype(np_dtype, copy=False).reshape(shape)
+    arr = arr.astype(np_dtype, copy=False)
+    return arr if arr.shape == shape else arr.reshape(shape)
 
 
 def _json_to_bytes(name: str, shape: tuple[int, ...], count: int, data: list[Any]) -> np.ndarray:

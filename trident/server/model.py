@@ -114,6 +114,8 @@ class ModelVersion:
         self.scheduler: Scheduler = make_scheduler(config, self.on_drop, rate_limiter=rate_limiter,
                                                    model_dir=model_dir)
         self.inputs, self.outputs = tensor_specs(config, model_dir)
+        #: input signatures that passed :meth:`validate` (admission.validate_request's table)
+        self._signatures: dict[tuple[tuple[str, str, tuple[int, ...]], ...], int] = {}
         #: an ensemble's scheduler (``platform: "ensemble"``; ``resolve`` finds the composing
         #: models): it runs each request's steps, the version owns no instance and no queue
         self.ensemble: EnsembleScheduler | None = None
@@ -586,7 +588,8 @@ class ModelVersion:
 
         Raises TritonError(INVALID_ARG) with Triton's wording.
         """
-        return validate_request(self.name, self.max_batch_size, self.inputs, self.outputs, request)
+        return validate_request(self.name, self.max_batch_size, self.inputs, self.outputs, request,
+                                self._signatures)
 
 
 def inline_mode(config: ModelConfig) -> str:

@@ -778,15 +778,18 @@ class ModelRepository:
             if mv.state != "READY":
                 raise unavailable(f"model '{name}' version {v} is not ready (state {mv.state})")
             return mv
-        ready = [mv for mv in rec.versions.values() if mv.state == "READY"]
-        if not ready:
+        best = None
+        for mv in rec.versions.values():
+            if mv.state == "READY" and (best is None or mv.version > best.version):
+                best = mv
+        if best is None:
             if not rec.versions and not rec.failed:  # Triton's 404s: never loaded, or unloaded
                 if not rec.unloaded:
                     raise not_found(f"Request for unknown model: '{name}' is not found")
                 raise not_found(f"Request for unknown model: '{name}' has no available versions")
             reason = rec.failed.get(-1) or next(iter(rec.failed.values()), "") or "model is not loaded"
             raise unavailable(f"model '{name}' is not available: {reason}")
-        return max(ready, key=lambda mv: mv.version)
+        return best
 
     def names(self) -> list[str]:
         return sorted(self._records)

@@ -1,0 +1,105 @@
+"""Admission checks (batching/admission.py): the table of known input signatures gives the same
+answers as the full check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trident.batching import admission
+from trident.batching.admission import validate_request
+from trident.errors import Code, TritonError
+from trident.types import InferenceRequest, RequestedOutput, Tensor, TensorSpec
+
+INPUTS = {"IN": TensorSpec("IN", "FP32", [4]), "OPT": TensorSpec("OPT", "INT32", [1], optional=True)}
+OUTPUTS = {"OUT": TensorSpec("OUT", "FP32", [4])}  # dims without the batch dimension
+
+
+def _request(*tensors: Tensor, outputs: list[RequestedOutput] | None = None) -> InferenceRequest:
+    return InferenceRequest("m", list(tensors), outputs=outputs or [])
+
+
+def _fp32(shape: tuple[int, ...], data_shape: tuple[int, ...] | None = None) -> Tensor:
+    return Tensor("IN", "FP32", shape, np.zeros(data_shape or shape, np.float32))
+
+
+def _check(request: InferenceRequest, known: dict | None, max_batch_size: int = 8) -> int:
+    return validate_request("m", max_batch_size, INPUTS, OUTPUTS, request, known)
+
+
+def test_a_valid_signature_is_remembered_with_its_batch_size():
+    known: dict = {}
+    assert _check(_request(_fp32((3, 4))), known) == 3
+    assert known == {(("IN", "FP32", (3, 4)),): 3}
+    assert _check(_request(_fp32((3, 4))), known) == 3
+    assert len(known) == 1
+
+
+def test_a_known_signature_still_checks_each_tensors_data():
+    known: dict = {}
+    _check(_request(_fp32((2, 4))), known)
+    bad = _request(_fp32((2, 4), data_shape=(3, 4)))  # the data does not match the declared shape
+    with pytest.raises(TritonError) as e:
+        _check(bad, known)
+    assert e.value.code == Code.INVALID_ARG
+    assert "data does not match its shape [2,4]" in e.value.message
+    # the same refusal as without the table
+    with pytest.raises(TritonError) as e2:
+        _check(bad, None)
+    assert e2.value.message == e.value.message
+
+
+@pytest.mark.parametrize("tensors, fragment", [
+    ((Tensor("IN", "INT32", (2, 4), np.zeros((2, 4), np.int32)),), "data-type is 'INT32'"),
+    ((_fp32((2, 5)),), "unexpected shape for input 'IN'"),
+    ((_fp32((9, 4)),), "batch-size must be <= 8"),
+    ((_fp32((2, 4)), _fp32((2, 4))), "specified more than once"),
+    ((Tensor("X", "FP32", (1, 4), np.zeros((1, 4), np.float32)),), "unexpected inference input 'X'"),
+    ((_fp32((2, 4)), Tensor("OPT", "INT32", (3, 1), np.zeros((3, 1), np.int32))), "batch size does not match"),
+    ((), "missing required input(s) ['IN']"),
+])
+def test_refused_signatures_are_never_remembered(tensors, fragment):
+    known: dict = {}
+    for _ in range(2):
+        with pytest.raises(TritonError) as e:
+            _check(_request(*tensors), known)
+        assert e.value.code == Code.INVALID_ARG
+        assert fragment in e.value.message
+    assert known == {}
+
+
+def test_requests_with_requested_outputs_take_the_full_check():
+    known: dict = {}
+    good = _request(_fp32((1, 4)), outputs=[RequestedOutput("OUT")])
+    assert _check(good, known) == 1
+    assert known == {}
+    bad = _request(_fp32((1, 4)), outputs=[RequestedOutput("NOPE")])
+    with pytest.raises(TritonError, match="unexpected inference output 'NOPE'"):
+        _check(bad, known)
+
+
+def test_order_and_every_input_are_part_of_the_signature():
+    known: dict = {}
+    opt = Tensor("OPT", "INT32", (2, 1), np.zeros((2, 1), np.int32))
+    assert _check(_request(_fp32((2, 4)), opt), known) == 2
+    assert _check(_request(opt, _fp32((2, 4))), known) == 2
+    assert len(known) == 2
+    # a remembered signature with the optional input does not admit one without the required one
+    with pytest.raises(TritonError, match="missing required input"):
+        _check(_request(opt), known)
+
+
+def test_unhashable_shapes_take_the_full_check():
+    known: dict = {}
+    listed = Tensor("IN", "FP32", [2, 4], np.zeros((2, 4), np.float32))  # type: ignore[arg-type]
+    assert _check(_request(listed), known) == 2
+    assert known == {}
+
+
+def test_the_table_is_bounded():
+    known: dict = {}
+    for n in range(admission.SIGNATURES + 3):  # distinct signatures: 1, 2, 3, ... rows
+        assert _check(_request(_fp32((n + 1, 4))), known, max_batch_size=1000) == n + 1
+        assert 1 <= len(known) <= admission.SIGNATURES
+    assert len(known) == 3  # emptied when full, then the last three
+    assert (("IN", "FP32", (admission.SIGNATURES + 3, 4)),) in known
