@@ -63,11 +63,15 @@ def _stream(body: bytes) -> None:
             size = 1 + (body[pos] % 64) * step
             chunk = body[pos : pos + size]
             half = len(chunk) // 2
-            # odd steps: a list of chunks (the engine's event for a run of DATA frames)
-            for _, message in decoder.feed([chunk[:half], chunk[half:]] if step % 2 else chunk):
+            # odd steps: a list of views of the chunk (the engine's event for a run of DATA
+            # frames of one read), which the decoder may keep instead of copying
+            view = memoryview(chunk)
+            for _, message in decoder.feed([view[:half], view[half:]] if step % 2 else chunk):
                 _request(bytes(message))
+            del view
             pos += size
             assert decoder.buffered <= pos
+            assert decoder.held <= 2 * decoder.buffered + grpc_framing.PREFIX_SIZE
             step = step % 7 + 1
         decoder.close()
     except grpc_framing.FramingError as e:

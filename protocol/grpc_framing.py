@@ -72,9 +72,13 @@ class MessageDecoder:
     no memory of the transport). A declared length above ``max_message_size`` raises
     FramingError(RESOURCE_EXHAUSTED) as soon as the prefix is seen, before the payload arrives.
     Nothing is allocated on a declaration, so :attr:`buffered` is what the peer actually sent:
-    a payload that arrives within one :meth:`feed` call is copied once, at its exact size; one
-    spread over several calls is kept as one copy of each call's part of it (holding no view
-    of the input) and joined once when it completes (two copies, no reallocation on the way).
+    a payload that arrives within one :meth:`feed` call is copied once, at its exact size. One
+    spread over several calls keeps each call's part of it until it completes, then joins the
+    parts once (no reallocation on the way). A call's part is kept as the chunks themselves
+    (views, no copy) when they are immutable (``bytes``, or views of one ``bytes`` object: a
+    read) and cover at least half of that object, else as one copy: the memory a decoder holds
+    (:attr:`held`) is at most twice :attr:`buffered`, and a payload read in large pieces is
+    copied once, not twice.
     """
 
     __slots__ = ("max_message_size", "_prefix", "_chunks", "_filled", "_length", "_compressed")
@@ -82,7 +86,7 @@ class MessageDecoder:
     def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
         self.max_message_size = max_message_size
         self._prefix = bytearray()
-        self._chunks: list[Buffer] = []  # copies of earlier calls' parts of the payload in progress
+        self._chunks: list[Buffer] = []  # earlier calls' parts of the payload in progress (copies or views)
         self._filled = 0  # payload bytes received of the message in progress
         self._length = -1  # its declared length; -1 between messages
         self._compressed = False
@@ -96,6 +100,19 @@ class MessageDecoder:
     def buffered(self) -> int:
         """Bytes held for the message in progress (prefix or payload)."""
         return len(self._prefix) if self._length < 0 else self._filled
+
+    @property
+    def held(self) -> int:
+        """Bytes of memory the message in progress keeps alive: its copies, and the whole of
+        each ``bytes`` object its kept views come from (at most twice :attr:`buffered`)."""
+        total = len(self._prefix)
+        bases: dict[int, int] = {}
+        for chunk in self._chunks:
+            if type(chunk) is memoryview:
+                bases[id(chunk.obj)] = len(chunk.obj)  # type: ignore[arg-type]
+            else:
+                total += len(chunk)
+        return total + sum(bases.values())
 
     def discard(self) -> None:
         """Drop the message in progress (the stream failed)."""
@@ -154,8 +171,11 @@ class MessageDecoder:
                     filled = 0
         self._length = length
         self._filled = filled
-        if pending:  # the payload goes on in a later call: keep a copy of this call's part
-            self._chunks.append(b"".join(pending))
+        if pending:  # the payload goes on in a later call: keep this call's part
+            if _holdable(pending):
+                self._chunks += pending
+            else:
+                self._chunks.append(b"".join(pending))
         return out
 
     def _start(self, flag: int, length: int) -> None:
@@ -181,6 +201,26 @@ class MessageDecoder:
             else:
                 got, want = self._filled, self._length
             raise FramingError(GRPC_INTERNAL, f"incomplete gRPC message: stream ended after {got} of {want} bytes")
+
+
+def _holdable(parts: list[Buffer]) -> bool:
+    """Whether ``parts`` may be kept as they are: ``bytes`` objects, or views of one ``bytes``
+    object that they cover at least half of (so keeping them alive holds at most twice their
+    length)."""
+    base: object = None
+    size = 0
+    for part in parts:
+        kind = type(part)
+        if kind is bytes:
+            continue
+        if kind is not memoryview:
+            return False
+        obj = part.obj  # type: ignore[union-attr]
+        if type(obj) is not bytes or (base is not None and obj is not base):
+            return False
+        base = obj
+        size += part.nbytes  # type: ignore[union-attr]
+    return base is None or 2 * size >= len(base)  # type: ignore[arg-type]
 
 
 # ---- grpc-timeout ------------------------------------------------------------------------

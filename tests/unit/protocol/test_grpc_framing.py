@@ -83,6 +83,50 @@ def test_decoder_holds_copies_and_counts_them(messages, cuts, per_list):
     assert not decoder.partial and decoder.buffered == 0
 
 
+@given(st.lists(st.binary(min_size=1, max_size=3000), min_size=1, max_size=4),
+       st.lists(st.integers(1, 900), min_size=1, max_size=20), st.lists(st.integers(1, 400), min_size=1, max_size=9))
+def test_decoder_keeps_large_pieces_of_reads_and_holds_at_most_twice_buffered(messages, reads, frames):
+    """Reads are ``bytes``; each call gets views of one read (frame payloads, as the HTTP/2
+    engine hands them). The messages come out right, and what the decoder keeps alive (copies,
+    and every read it keeps a view of) is at most twice ``buffered`` after every call."""
+    data = stream_of(messages)
+    decoder = f.MessageDecoder(4000)
+    out: list[bytes] = []
+    pos, i = 0, 0
+    while pos < len(data):
+        read = bytes(data[pos : pos + reads[i % len(reads)]]) + b"\x00" * frames[i % len(frames)]  # and other streams' bytes
+        i += 1
+        size = min(len(read) - frames[(i - 1) % len(frames)], len(data) - pos)
+        view = memoryview(read)
+        parts, start = [], 0
+        while start < size:
+            step = frames[(i + start) % len(frames)]
+            parts.append(view[start : min(size, start + step)])
+            start += step
+        pos += size
+        out += [bytes(m) for _, m in decoder.feed(parts)]
+        del read, view, parts
+        assert decoder.held <= 2 * decoder.buffered + f.PREFIX_SIZE
+    assert out == messages
+    assert decoder.held == decoder.buffered == 0
+
+
+def test_decoder_keeps_views_of_a_read_they_mostly_cover_and_copies_small_pieces():
+    payload = bytes(range(256)) * 64  # 16 KiB
+    data = f.frame([payload], len(payload))
+    first = bytes(data[:10_000])
+    decoder = f.MessageDecoder()
+    assert decoder.feed([memoryview(first)[:5_000], memoryview(first)[5_000:]]) == []
+    assert decoder.held == len(first)  # the read itself: no copy of its part
+    small = bytes(data[10_000:12_000]) + bytes(20_000)  # a read mostly of other streams' frames
+    assert decoder.feed(memoryview(small)[:2_000]) == []
+    assert decoder.held == len(first) + 2_000  # a copy of the piece, not the whole read
+    assert decoder.buffered == 12_000 - f.PREFIX_SIZE
+    (compressed, message), = decoder.feed(bytes(data[12_000:]))
+    assert bytes(message) == payload and isinstance(message, bytearray)
+    assert decoder.held == decoder.buffered == 0
+
+
 def test_decoder_returns_writable_private_buffers():
     data = stream_of([b"abc", b""])
     messages = f.MessageDecoder().feed(data)
