@@ -49,9 +49,11 @@ from __future__ import annotations
 import logging
 import math
 import os
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import trio
@@ -1102,13 +1104,12 @@ class Connection:
                         continue
                     except OSError as exc:
                         raise trio.BrokenResourceError(exc) from exc
-                    if n == sum(map(len, batch)):  # the whole batch went (no walk over its buffers)
+                    ends = list(accumulate(map(len, batch)))
+                    if n == ends[-1]:  # the whole batch went
                         del buffers[:_IOV_MAX]
                         continue
-                    done = 0
-                    while done < len(buffers) and n >= len(buffers[done]):
-                        n -= len(buffers[done])
-                        done += 1
+                    done = bisect_right(ends, n)  # the buffers written whole (no walk over them in Python)
+                    n -= ends[done - 1] if done else 0
                     del buffers[:done]
                     if n:
                         buffers[0] = memoryview(buffers[0]).cast("B")[n:]
