@@ -14,7 +14,7 @@ import numpy as np
 from trident import config as cfg
 from trident.errors import invalid_arg
 from trident.protocol.generated.inference import ModelConfig
-from trident.types import InferenceRequest, TensorSpec
+from trident.types import InferenceRequest, Tensor, TensorSpec
 
 
 def tensor_specs(config: ModelConfig, model_dir: Path) -> tuple[dict[str, TensorSpec], dict[str, TensorSpec]]:
@@ -57,8 +57,7 @@ def validate_request(name: str, max_batch_size: int, inputs: dict[str, TensorSpe
             key = batch = None
         if batch is not None:
             for tensor in request.inputs:
-                if tensor.data.shape != tensor.shape and tensor.data.size != int(np.prod(tensor.shape)):
-                    raise invalid_arg(f"input '{tensor.name}' data does not match its shape {_fmt(list(tensor.shape))}")
+                _check_data(tensor)
             return batch
     batch = _validate(name, max_batch_size, inputs, outputs, request)
     if key is not None and known is not None:
@@ -103,8 +102,7 @@ def _validate(name: str, max_batch_size: int, inputs: dict[str, TensorSpec],
                 f"unexpected shape for input '{tensor.name}' for model '{name}'. "
                 f"Expected {_fmt(expected)}, got {_fmt(shape)}"
             )
-        if tensor.data.shape != tuple(tensor.shape) and tensor.data.size != int(np.prod(tensor.shape)):
-            raise invalid_arg(f"input '{tensor.name}' data does not match its shape {_fmt(shape)}")
+        _check_data(tensor)
     missing = [n for n, s in inputs.items() if n not in seen and not s.optional]
     if missing:
         got = sorted(seen)
@@ -124,6 +122,12 @@ def _validate(name: str, max_batch_size: int, inputs: dict[str, TensorSpec],
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
             raise invalid_arg(f"classification parameter of output '{wanted.name}' must be a non-negative integer")
     return max(batch, 1)
+
+
+def _check_data(tensor: Tensor) -> None:
+    """Raises INVALID_ARG when the tensor's data does not hold its declared shape."""
+    if tensor.data.shape != tuple(tensor.shape) and tensor.data.size != int(np.prod(tensor.shape)):
+        raise invalid_arg(f"input '{tensor.name}' data does not match its shape {_fmt(list(tensor.shape))}")
 
 
 def _dims_match(shape: list[int], dims: list[int]) -> bool:

@@ -1104,10 +1104,10 @@ class Connection:
                         continue
                     except OSError as exc:
                         raise trio.BrokenResourceError(exc) from exc
-                    ends = list(accumulate(map(len, batch)))
-                    if n == ends[-1]:  # the whole batch went
+                    if n == sum(map(len, batch)):  # the whole batch went (no walk over its buffers)
                         del buffers[:_IOV_MAX]
                         continue
+                    ends = list(accumulate(map(len, batch)))
                     done = bisect_right(ends, n)  # the buffers written whole (no walk over them in Python)
                     n -= ends[done - 1] if done else 0
                     del buffers[:done]

@@ -404,9 +404,6 @@ class ExecutedModel(Protocol):
     def on_drop(self, pending: Pending) -> None: ...
 
 
-_CHOICE_LOOKUPS = 256  # instances (or wrappers) an executor remembers the inline choice of
-
-
 def _instance_key(instance: Any) -> int:
     """Threads and inline choices belong to a model instance: a scheduler's wrapper around one
     (the sequence batcher's, which names it ``wrapped_instance``) shares its instance's, so the
@@ -422,9 +419,6 @@ class BatchExecutor:
         self.inline_mode = inline_mode
         self._threads: dict[int, InstanceThread] = {}
         self._choices: dict[int, InlineChoice] = {}
-        #: id(instance) -> (instance, its choice): the lookup for the object a scheduler hands
-        #: out (an instance or a wrapper of one), emptied when an instance is released
-        self._choice_of: dict[int, tuple[ModelInstance, InlineChoice]] = {}
         _EXECUTORS.add(self)
 
     def abandon(self) -> int:
@@ -444,16 +438,10 @@ class BatchExecutor:
 
     def choice(self, instance: ModelInstance) -> InlineChoice:
         """Where ``instance``'s batches run (see InlineChoice)."""
-        seen = self._choice_of.get(id(instance))
-        if seen is not None and seen[0] is instance:
-            return seen[1]
         key = _instance_key(instance)
         choice = self._choices.get(key)
         if choice is None:
             choice = self._choices[key] = InlineChoice(self.inline_mode)
-        if len(self._choice_of) >= _CHOICE_LOOKUPS:
-            self._choice_of.clear()
-        self._choice_of[id(instance)] = (instance, choice)  # holds the instance: its id stays unique
         return choice
 
     def thread(self, instance: ModelInstance) -> InstanceThread:
@@ -469,7 +457,6 @@ class BatchExecutor:
         """The instance is going away: end its thread."""
         key = _instance_key(instance)
         self._choices.pop(key, None)
-        self._choice_of.clear()
         thread = self._threads.pop(key, None)
         if thread is not None:
             thread.close()
