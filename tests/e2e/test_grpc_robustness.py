@@ -127,6 +127,48 @@ async def test_malformed_requests_get_statuses_and_others_are_served(server):
         assert ok.status == GRPC_OK
 
 
+async def test_a_request_read_at_once_is_answered_as_one_read_in_parts(server):
+    """A unary request whose HEADERS and DATA (END_STREAM) arrive in one read runs at once;
+    every answer, good or bad, is the one it gets when its message comes in a later read."""
+    x = np.arange(6, dtype=np.float32).reshape(1, 6)
+    good = infer_request(x)
+    cases = [
+        (INFER, frame(good), None),
+        (INFER, b"", None),  # no message at all
+        (INFER, frame(b""), None),  # an empty ModelInferRequest
+        (INFER, frame(b"\x0a\xff\xff\xff"), None),  # undecodable protobuf
+        (INFER, frame(infer_request(x, model="missing")), None),
+        (INFER, frame(infer_request(x, name="NOPE")), None),
+        (INFER, frame(good, compressed=True), None),  # compressed without a grpc-encoding
+        (INFER, frame(good)[:-1], None),  # the prefix declares one byte more than was sent
+        (INFER, frame(good) + b"\x00", None),  # a second message begins
+        (INFER, frame(good) + frame(good), None),  # two messages in a unary call
+        (INFER, struct.pack(">BI", 0, MAX_MESSAGE + 1) + good, None),  # declared over the limit
+        (INFER, b"\x07" + frame(good)[1:], None),  # a bad flag byte
+        (INFER, frame(good), [(b"grpc-encoding", b"zstd")]),
+        (INFER, frame(good), [(b"grpc-timeout", b"bogus")]),
+        (INFER, frame(good), [(b"grpc-timeout", b"10S")]),  # a deadline far off
+        ("/inference.GRPCInferenceService/ModelTrain", frame(good), None),
+        ("/inference.GRPCInferenceService/ServerLive", frame(b""), None),
+    ]
+    async with open_raw(server.grpc_port) as c:
+        for path, body, extra in cases:
+            with trio.fail_after(10):
+                together = await c.at_once(path, body, extra=extra)
+                apart = await c.open(path, extra=extra)
+                await trio.sleep(0.02)  # the message comes in a later read
+                await c.send(apart, body, end_stream=True)
+                await apart.closed.wait()
+            assert together.status is not None, (path, body[:12])
+            assert (together.status, together.message) == (apart.status, apart.message), (path, body[:12])
+            assert together.messages() == apart.messages(), (path, body[:12])
+            assert together.reset_code is None  # the client had ended its side: nothing to reset
+        ok = await c.at_once(INFER, frame(good))
+    assert ok.status == GRPC_OK
+    assert pb.ModelInferResponse.FromString(ok.messages()[0]).raw_output_contents[0] == x.tobytes()
+    await healthy_call(server.grpc_port)
+
+
 async def test_a_client_that_never_reads_does_not_delay_others(server):
     x = np.zeros((1, 1 << 17), np.float32)  # 512 KiB responses, far beyond a 64 KiB window
     async with open_raw(server.grpc_port, read_window=False) as stuck:

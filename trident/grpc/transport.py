@@ -599,7 +599,17 @@ class Connection:
             self._broken = True  # the engine already queued (and we sent) its GOAWAY
             return False
         handle = self._handle
-        for event in events:
+        count = len(events)
+        i = 0
+        while i < count:
+            event = events[i]
+            i += 1
+            if event[0] == http2.REQUEST and i < count and not event[3]:
+                data = events[i]  # the request's message, END_STREAM, in the same read: run it at once
+                if (data[0] == http2.DATA and data[1] == event[1] and data[4]
+                        and self._unary(event[1], event[2], data[2], data[3])):
+                    i += 1
+                    continue
             handle(event)
         if self.abuse is not None:
             await self._calm(self.abuse)
@@ -786,16 +796,7 @@ class Connection:
             if not self.guard.stream_refused(self._last_received):
                 self.abuse = self.guard.abuse
             return
-        parsed = None
-        cached = self._parsed_headers.get(id(headers))
-        if cached is not None and cached[0] is headers:
-            parsed = cached[1]
-        else:
-            parsed = self._parse_headers(headers)
-            if isinstance(headers, tuple):  # the engine's decode cache hands out the same tuple again
-                if len(self._parsed_headers) >= _PARSED_HEADERS_CACHE:
-                    self._parsed_headers.clear()
-                self._parsed_headers[id(headers)] = (headers, parsed)  # holds headers: the id stays unique
+        parsed = self._parsed(headers)
         if len(parsed) == 3:  # refused: (status, message, http status)
             self._refuse(stream_id, ended, *parsed)
             return
@@ -810,6 +811,45 @@ class Connection:
             return
         assert self._nursery is not None
         self._nursery.start_soon(self._run_call, call, entry)
+
+    def _parsed(self, headers: Sequence[tuple[bytes, bytes]]) -> tuple[Any, ...]:
+        """:meth:`_parse_headers`, remembered for a header tuple the engine hands out again."""
+        cached = self._parsed_headers.get(id(headers))
+        if cached is not None and cached[0] is headers:
+            return cached[1]  # type: ignore[no-any-return]
+        parsed = self._parse_headers(headers)
+        if isinstance(headers, tuple):  # the engine's decode cache hands out the same tuple again
+            if len(self._parsed_headers) >= _PARSED_HEADERS_CACHE:
+                self._parsed_headers.clear()
+            self._parsed_headers[id(headers)] = (headers, parsed)  # holds headers: the id stays unique
+        return parsed
+
+    def _unary(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]], data: Any, flow: int) -> bool:
+        """A new stream's request, its HEADERS and then DATA ending the stream that carries
+        exactly one whole uncompressed message, read at once (the usual unary call): it runs
+        here and now (:meth:`_run_now`) without the call's message decoder, queue or wake-up.
+        False, with nothing done, for anything else (a refused or streaming call, a deadline
+        already due, the message over a limit or a budget): the events then go the usual way,
+        which answers those cases."""
+        if type(data) is list or self._draining or len(self.calls) >= self.config.max_concurrent_streams:
+            return False
+        size = len(data) - framing.PREFIX_SIZE
+        if size < 0 or size > self.config.max_message_size or size > self._room():
+            return False
+        flag, length = framing.PREFIX.unpack_from(data)
+        if flag or length != size:
+            return False
+        parsed = self._parsed(headers)
+        if len(parsed) == 3 or parsed[1].now is None or (parsed[3] is not None and parsed[3] <= 0):
+            return False
+        path, entry, encoding, timeout, response_encoding = parsed
+        deadline = math.inf if timeout is None else trio.current_time() + timeout
+        call = Call(self, stream_id, path, headers, deadline, encoding, response_encoding)
+        call._ended = True
+        self.calls[stream_id] = call
+        self._ack(flow, stream_id)
+        self._run_now(call, entry, bytearray(data[framing.PREFIX_SIZE:]))
+        return True
 
     def _dispatch(self, call: Call) -> None:
         """A deferred unary call's stream moved (a message, its end, an error or a reset).
@@ -831,6 +871,13 @@ class Connection:
             self._nursery.start_soon(self._run_call, call, method)
             return
         _, message, _ = call._take()
+        self._run_now(call, method, message)
+
+    def _run_now(self, call: Call, method: Method, message: bytearray) -> None:
+        """Run a unary call whose one message is in and whose client half-closed: answered
+        into the engine's buffer when ``Method.now`` answers at once and the windows take the
+        response, else by the call's task (which owns it from then on)."""
+        assert method.now is not None and self._nursery is not None
         try:
             result = method.now(call, message)
         except Exception as e:
