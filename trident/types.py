@@ -72,7 +72,7 @@ class RequestedOutput:
 _CANCEL_LOCK = threading.Lock()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class InferenceRequest:
     """One inference request as every layer of trident sees it.
 
@@ -136,7 +136,7 @@ class InferenceRequest:
 
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class InferenceResponse:
     """A response (or one of the 0..N responses of a decoupled model).
 
