@@ -373,3 +373,99 @@ async def test_retiring_a_claimed_instance_waits_for_its_release(autojump_clock)
         await trio.sleep(0.01)
         assert retired.is_set() and h.scheduler.instances() == []
         nursery.cancel_scope.cancel()
+
+
+async def test_offer_leaves_the_batch_to_its_callers_after_the_round(autojump_clock):
+    """Requests offered in one loop round share the batch the first caller takes after its
+    checkpoint; the batcher task and the worker execute nothing."""
+    h = Harness(GREEDY)
+    taken: list[tuple[str, list[str]]] = []
+
+    async def caller(tag: str) -> None:
+        if h.scheduler.offer(item(tag)):
+            await trio.lowlevel.checkpoint()
+            got = h.scheduler.take_batch(lambda instance: True)
+            if got is not None:
+                slot, batch = got
+                taken.append((tag, [b.tag for b in batch]))
+                h.scheduler.release(slot)
+
+    async with trio.open_nursery() as nursery:
+        h.start(nursery)
+        await trio.sleep(0.01)
+        async with trio.open_nursery() as callers:
+            for t in "abcdef":
+                callers.start_soon(caller, t)
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    # the first caller to resume took a full batch (the limit is 4: all six had been offered);
+    # the other two went to the worker at its release, or to a later caller's take
+    assert len(taken[0][1]) == 4
+    done = [t for _, b in taken for t in b] + [t for b in h.batches() for t in b]
+    assert sorted(done) == list("abcdef")  # each executed once
+    assert all(len(b) <= 4 for b in [b for _, b in taken] + h.batches())
+    assert h.scheduler.queued() == 0
+
+
+async def test_offer_refused_without_batching_an_idle_instance_or_with_limits(autojump_clock):
+    limiter = RateLimiter()
+    limiter.register("i0", Needs({("R", 0): 1}))
+    for rules, kw in ((BatchRules(), {}), (GREEDY, {"preserve_ordering": True}), (GREEDY, {"rate_limiter": limiter})):
+        h = Harness(rules, **kw)
+        async with trio.open_nursery() as nursery:
+            h.start(nursery)
+            await trio.sleep(0.01)
+            assert h.scheduler.offer(item("x")) is False  # queued the usual way
+            await trio.sleep(1)
+            assert h.batches() == [["x"]]
+            nursery.cancel_scope.cancel()
+    h = Harness(GREEDY, cost=0.5)
+    async with trio.open_nursery() as nursery:
+        h.start(nursery)
+        await trio.sleep(0.01)
+        h.scheduler.enqueue(item("busy"))
+        await trio.sleep(0.01)
+        assert h.scheduler.offer(item("y")) is False  # no idle instance: the batcher's, as enqueue
+        await trio.sleep(1)
+        assert h.batches() == [["busy"], ["y"]]
+        nursery.cancel_scope.cancel()
+
+
+async def test_take_batch_keeps_the_delay_and_hands_thread_batches_to_the_worker(autojump_clock):
+    h = Harness(BatchRules(True, 4, (), 0.5))  # max_queue_delay 0.5 s
+    async with trio.open_nursery() as nursery:
+        h.start(nursery)
+        await trio.sleep(0.01)
+        assert h.scheduler.offer(item("a"))
+        await trio.lowlevel.checkpoint()
+        assert h.scheduler.take_batch(lambda instance: True) is None  # the delay is the batcher's to wait
+        await trio.sleep(0.4)
+        assert h.batches() == []
+        await trio.sleep(0.2)
+        assert h.batches() == [["a"]]
+        assert h.scheduler.offer(item("b")) and h.scheduler.offer(item("c"))
+        await trio.sleep(1)  # offered, but the caller never takes: only the delay moves it (wake did not come)
+        assert h.batches() == [["a"]] and h.scheduler.queued() == 2
+        h.scheduler.wake()
+        await trio.sleep(1)
+        assert h.batches() == [["a"], ["b", "c"]]
+        h2 = Harness(GREEDY)
+        h2.start(nursery)
+        await trio.sleep(0.01)
+        assert h2.scheduler.offer(item("d"))
+        assert h2.scheduler.take_batch(lambda instance: False) is None  # runs on a thread: the worker's
+        await trio.sleep(1)
+        assert h2.batches() == [["d"]]
+        nursery.cancel_scope.cancel()
+
+
+async def test_take_batch_rejects_expired_requests_first(autojump_clock):
+    h = Harness(GREEDY, Priorities(default_policy=QueuePolicy(default_timeout_us=100_000)))
+    async with trio.open_nursery() as nursery:
+        h.start(nursery)
+        await trio.sleep(0.01)
+        assert h.scheduler.offer(item("late"))
+        await trio.sleep(0.2)  # past its queue timeout before anyone took it
+        assert h.scheduler.take_batch(lambda instance: True) is None
+        assert [r[0] for r in h.rejected] == ["late"]
+        nursery.cancel_scope.cancel()

@@ -385,3 +385,66 @@ async def test_poll_mode_applies_a_count_change_in_place(tmp_path):
         assert server.repository.get("polled") is mv and len(mv.instances) == 2
         await server.repository.poll_once()  # nothing changed since: nothing happens
         assert len(mv.instances) == 2 and sorted(events(folder, "init")) == ["polled_0_0", "polled_0_1"]
+
+
+INLINE = 'parameters { key: "TRIDENT_INLINE_EXECUTION" value { string_value: "always" } }'
+
+
+async def test_a_rounds_requests_share_a_batch_run_in_one_of_their_tasks(tmp_path):
+    """A dynamic-batching model that runs inline: the requests that arrive in one loop round are
+    offered to the queue, and the first of their tasks to resume after a checkpoint executes
+    the batch they share (no batcher or worker task in between); each gets its own answer."""
+    write_model(tmp_path, "inline", f"dynamic_batching {{ }}\n{INLINE}")
+    async with open_server(options(tmp_path)) as server:
+        for _ in range(3):
+            results: dict[int, object] = {}
+
+            async def one(i: int) -> None:
+                results[i] = await server.infer(request("inline", i * 1e-6))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(8):
+                    nursery.start_soon(one, i)
+            assert sorted(results) == list(range(8))
+            for i, r in results.items():
+                assert float(r.output("Y").data[0, 0]) == pytest.approx(i * 1e-6)
+                assert int(r.output("SIZE").data[0, 0]) == 8  # all eight in one batch
+        stats = server.model_statistics("inline")[0]
+        assert stats.inference_count == 24 and stats.execution_count == 3
+        assert server.repository.get("inline").queued() == 0
+
+
+async def test_a_request_cancelled_in_its_round_leaves_the_others_served(tmp_path):
+    """A request cancelled while its round forms the batch ends cancelled (a CANCELED failure;
+    its batch may already hold it, as when the batcher task forms it), the others are answered,
+    and nothing stays queued."""
+    write_model(tmp_path, "inline", f"dynamic_batching {{ }}\n{INLINE}")
+    async with open_server(options(tmp_path)) as server:
+        total = 0
+        for _ in range(5):
+            answered: list[int] = []
+            scopes = [trio.CancelScope() for _ in range(4)]
+
+            async def one(i: int) -> None:
+                with scopes[i]:
+                    await server.infer(request("inline", 0.0))
+                    answered.append(i)
+
+            async def cancel_first() -> None:
+                scopes[0].cancel()  # the same round: before or after request 0 was offered
+
+            async with trio.open_nursery() as nursery:
+                for i in range(4):
+                    nursery.start_soon(one, i)
+                nursery.start_soon(cancel_first)
+            assert sorted(answered) in ([1, 2, 3], [0, 1, 2, 3])  # 0 only if it ran before the cancel
+            total += len(answered)
+            mv = server.repository.get("inline")
+            with trio.fail_after(5):
+                while mv.queued():
+                    await trio.sleep(0.001)
+        stats = server.model_statistics("inline")[0]
+        # a request cancelled before it was admitted is not counted; after: a CANCELED failure
+        assert stats.success.count == total
+        assert stats.fail.count <= 5 and dict(stats.failures)["CANCELED"] == stats.fail.count
+        assert total <= stats.inference_count <= total + stats.fail.count
