@@ -51,6 +51,7 @@ from trident.config_validation import ENSEMBLE_PLATFORM, confine_model_files, va
 from trident.errors import Code, TritonError, internal, invalid_arg, not_found, unavailable, unsupported
 from trident.observability.logs import VERBOSE
 from trident.protocol.generated.inference import ModelConfig
+from trident.server import heap
 from trident.server.cloud_repository import CloudRepository, Fingerprint, is_cloud_url, mount_directory_env
 from trident.server.devices import gpu_count
 from trident.server.model import ModelVersion
@@ -152,6 +153,7 @@ class ModelRepository:
         self.rate_limiter = RateLimiter.from_options(options)
         self.response_cache = ResponseCache.from_config(parse_cache_config(options.cache_config))
         self._ensemble_loads = trio.Lock()
+        self._closing = False  # unload_all has begun
         #: worker threads for repository agents, cloud listing and downloads, file removal
         self._io_limiter = trio.CapacityLimiter(max(2, options.model_load_thread_count))
         #: each cloud repository's folder of local copies (removed when the server exits)
@@ -290,6 +292,7 @@ class ModelRepository:
             async with trio.open_nursery() as nursery:
                 for name in phase:
                     nursery.start_soon(load_one, name)
+        heap.settle()
 
     # ---- load / unload --------------------------------------------------------------------
 
@@ -317,11 +320,14 @@ class ModelRepository:
         rec = self._records.get(name)
         if config is None and rec is not None and rec.override is not None:
             config, files = rec.override  # a reload without a config keeps the last override (Triton)
-        await self._load(name, config, files)
-        rec = self._records[name]
-        rec.explicit = True
-        rec.override = (config, files) if config is not None else None
-        await self._resume_dependents(name)
+        try:
+            await self._load(name, config, files)
+            rec = self._records[name]
+            rec.explicit = True
+            rec.override = (config, files) if config is not None else None
+            await self._resume_dependents(name)
+        finally:
+            heap.settle()  # the new model's objects (a reload's old ones: when they are unloaded)
 
     async def _resume_dependents(self, name: str) -> None:
         """After ``name`` (re)loaded: check the serving ensembles that use it against it (one
@@ -708,9 +714,12 @@ class ModelRepository:
             await trio.to_thread.run_sync(agents.unload_complete, limiter=self._io_limiter)
         if tmpdir is not None:
             await trio.to_thread.run_sync(shutil.rmtree, tmpdir, True, limiter=self._io_limiter)
+        if versions and not self._closing:
+            heap.settle(unloaded=True)  # what the versions leave in reference cycles is freed now
 
     async def unload_all(self) -> None:
-        """Drain and unload every model (server shutdown)."""
+        """Drain and unload every model (server shutdown: the heap is no longer settled)."""
+        self._closing = True
         async with trio.open_nursery() as nursery:
             for rec in list(self._records.values()):
                 nursery.start_soon(self._unload_record, rec)
@@ -727,6 +736,17 @@ class ModelRepository:
             await self.poll_once()
 
     async def poll_once(self) -> None:
+        """One rescan (see serve_polling); the heap is settled after loads (trident.server.heap)."""
+        changed = False
+        try:
+            changed = await self._poll()
+        finally:
+            if changed:
+                heap.settle()
+
+    async def _poll(self) -> bool:
+        """Load new and changed models, unload removed ones; True when it tried anything."""
+        changed = False
         await self.refresh_cloud()
         found = self.scan()
         for name, path in found.items():
@@ -738,6 +758,7 @@ class ModelRepository:
                 continue
             if rec is not None and not rec.fingerprint and rec.failed and rec.path == path:
                 rec.fingerprint = fingerprint
+            changed = True
             try:
                 await self._load(name)
                 await self._resume_dependents(name)
@@ -747,9 +768,11 @@ class ModelRepository:
                 self._record(name, path).fingerprint = fingerprint
         for name in [n for n, r in self._records.items() if r.path is not None and n not in found]:
             rec = self._records[name]
+            changed = True
             async with rec.lock:
                 await self._unload_record(rec)
             rec.path = None
+        return changed
 
     # ---- lookups --------------------------------------------------------------------------
 
