@@ -47,6 +47,7 @@ Nothing here does I/O, reads a clock or imports trident's server layers.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections import deque
 from collections.abc import Sequence
@@ -85,6 +86,9 @@ MIN_FRAME_SIZE = 16384
 MAX_FRAME_SIZE_LIMIT = 2**24 - 1
 
 _HEADER = struct.Struct(">HBBBL")  # 24-bit length as H+B, type, flags, stream id
+#: an object's repr in an error message ("<memory at 0x7f...>"): its address stays out of the
+#: GOAWAY debug data (it tells the client nothing, differs from run to run and leaks a pointer)
+_ADDRESS = re.compile(r"<([\w.]+) at 0x[0-9a-fA-F]+>")
 _SETTING = struct.Struct(">HL")
 _U32 = struct.Struct(">L")
 _GOAWAY = struct.Struct(">LL")
@@ -571,7 +575,8 @@ class H2Server:
         except OversizedHeaderListError:
             self._connection_error(ENHANCE_YOUR_CALM, "decoded header list exceeds the limit")
         except HPACKError as e:
-            self._connection_error(COMPRESSION_ERROR, f"HPACK decoding failed: {e}")
+            reason = _ADDRESS.sub(r"<\1>", str(e))
+            self._connection_error(COMPRESSION_ERROR, f"HPACK decoding failed: {reason}")
 
     def _header_block(self, stream_id: int, flags: int, block: bytes, events: list[Any],
                       self_dependent: bool) -> None:

@@ -1048,3 +1048,14 @@ def test_rfc9113_6_1_padded_data_without_a_pad_length_is_frame_size_error():
     s, c = server(), Client()
     opened(s, c)
     connection_error(s, raw(0, 0x8, 1, b""), FRAME_SIZE_ERROR)
+
+
+def test_rfc7541_5_1_an_overlong_integer_is_compression_error_and_no_address_goes_out():
+    """hpack's message names the block's repr ("<memory at 0x...>"): the GOAWAY's debug data
+    keeps the message, not the address (found by fuzzing: it made two servers' output differ)."""
+    s = server()
+    f = HeadersFrame(1, data=b"\x3f" + b"\xff" * 12 + b"\x01")  # §5.1: an integer that never ends
+    f.flags.add("END_HEADERS")
+    goaway = connection_error(s, f.serialize(), COMPRESSION_ERROR)
+    assert goaway.additional_data.startswith(b"HPACK decoding failed")
+    assert b" at 0x" not in goaway.additional_data
