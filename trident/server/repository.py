@@ -736,17 +736,9 @@ class ModelRepository:
             await self.poll_once()
 
     async def poll_once(self) -> None:
-        """One rescan (see serve_polling); the heap is settled after loads (trident.server.heap)."""
-        changed = False
-        try:
-            changed = await self._poll()
-        finally:
-            if changed:
-                heap.settle()
-
-    async def _poll(self) -> bool:
-        """Load new and changed models, unload removed ones; True when it tried anything."""
-        changed = False
+        """One rescan (see serve_polling); the heap is settled after loads (trident.server.heap;
+        unloads settle it themselves)."""
+        loaded = False
         await self.refresh_cloud()
         found = self.scan()
         for name, path in found.items():
@@ -758,7 +750,7 @@ class ModelRepository:
                 continue
             if rec is not None and not rec.fingerprint and rec.failed and rec.path == path:
                 rec.fingerprint = fingerprint
-            changed = True
+            loaded = True
             try:
                 await self._load(name)
                 await self._resume_dependents(name)
@@ -766,13 +758,13 @@ class ModelRepository:
                 log.error("%s", e.message)
             finally:
                 self._record(name, path).fingerprint = fingerprint
+        if loaded:
+            heap.settle()
         for name in [n for n, r in self._records.items() if r.path is not None and n not in found]:
             rec = self._records[name]
-            changed = True
             async with rec.lock:
                 await self._unload_record(rec)
             rec.path = None
-        return changed
 
     # ---- lookups --------------------------------------------------------------------------
 
