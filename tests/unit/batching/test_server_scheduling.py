@@ -399,12 +399,12 @@ async def test_a_rounds_requests_share_a_batch_run_in_one_of_their_tasks(tmp_pat
         for _ in range(3):
             results: dict[int, object] = {}
 
-            async def one(i: int, results: dict[int, object]) -> None:
+            async def one(i: int) -> None:
                 results[i] = await server.infer(request("inline", i * 1e-6))
 
             async with trio.open_nursery() as nursery:
                 for i in range(8):
-                    nursery.start_soon(one, i, results)
+                    nursery.start_soon(one, i)
             assert sorted(results) == list(range(8))
             for i, r in results.items():
                 assert float(r.output("Y").data[0, 0]) == pytest.approx(i * 1e-6)
@@ -425,18 +425,18 @@ async def test_a_request_cancelled_in_its_round_leaves_the_others_served(tmp_pat
             answered: list[int] = []
             scopes = [trio.CancelScope() for _ in range(4)]
 
-            async def one(i: int, scope: trio.CancelScope, answered: list[int]) -> None:
-                with scope:
+            async def one(i: int) -> None:
+                with scopes[i]:
                     await server.infer(request("inline", 0.0))
                     answered.append(i)
 
-            async def cancel(scope: trio.CancelScope) -> None:
-                scope.cancel()  # the same round: before or after its request was offered
+            async def cancel_first() -> None:
+                scopes[0].cancel()  # the same round: before or after request 0 was offered
 
             async with trio.open_nursery() as nursery:
                 for i in range(4):
-                    nursery.start_soon(one, i, scopes[i], answered)
-                nursery.start_soon(cancel, scopes[0])
+                    nursery.start_soon(one, i)
+                nursery.start_soon(cancel_first)
             assert sorted(answered) in ([1, 2, 3], [0, 1, 2, 3])  # 0 only if it ran before the cancel
             total += len(answered)
             mv = server.repository.get("inline")
