@@ -120,20 +120,6 @@ class DynamicScheduler(Scheduler):
         Raises TritonError UNAVAILABLE "Exceeds maximum queue size" when its level is full.
         """
         now = trio.current_time()
-        self._push(item, now)
-        if self._idle and not self.rules.enabled:
-            # no batching and an instance is free: hand it the request now rather than in the
-            # batcher task's next round (with batching, requests arriving in the same round are
-            # left to the batcher so that they can share a batch)
-            self.step(now)
-            if len(self._queue):
-                self._wakeup.set()
-        else:
-            self._wakeup.set()
-
-    def _push(self, item: Schedulable, now: float) -> None:
-        """Queue ``item`` at its priority level with its timeout. Raises TritonError UNAVAILABLE
-        "Exceeds maximum queue size" when its level is full."""
         parameters = item.request.parameters
         level = self.priorities.level_of(request_priority(parameters))
         policy = self.priorities.policy_of(level)
@@ -144,6 +130,15 @@ class DynamicScheduler(Scheduler):
         if policy.max_queue_size and self._queue.level_size(level) >= policy.max_queue_size:
             self._queue.remove_cancelled(self._drop)
         self._queue.push(entry)
+        if self._idle and not self.rules.enabled:
+            # no batching and an instance is free: hand it the request now rather than in the
+            # batcher task's next round (with batching, requests arriving in the same round are
+            # left to the batcher so that they can share a batch)
+            self.step(now)
+            if len(self._queue):
+                self._wakeup.set()
+        else:
+            self._wakeup.set()
 
     def queued(self) -> int:
         return len(self._queue)
@@ -173,44 +168,6 @@ class DynamicScheduler(Scheduler):
             self.step(trio.current_time())
             if len(self._queue):
                 self._wakeup.set()
-
-    def offer(self, item: Schedulable) -> bool:
-        """:meth:`enqueue`, leaving the batch to the caller when batching is on, an instance is
-        idle and no rate limiter or response ordering is in the way (see Scheduler.offer): the
-        batcher task is not woken, so the batch costs no hop to it and to a worker task."""
-        if (not self.rules.enabled or self._rate_limiter is not None or self._sequencer is not None
-                or not self._idle):
-            self.enqueue(item)
-            return False
-        self._push(item, trio.current_time())
-        return True
-
-    def take_batch(self, runs_inline: Callable[[Any], bool]) -> tuple[_Worker, list[Any]] | None:
-        """After :meth:`offer` and a checkpoint: the batch the batcher would hand an idle
-        instance now, formed by the same rules (:func:`form_batch`; expired requests rejected
-        first). It is returned to run in the caller's task when ``runs_inline(instance)``;
-        otherwise it goes to the instance's worker and None is returned, as it is when no
-        batch is due (none queued, no idle instance, or a delay to wait for). The batcher is
-        woken whenever requests stay queued (their delays and timeouts are its to watch).
-        """
-        now = trio.current_time()
-        self._expire(now)
-        taken = None
-        if self._idle and len(self._queue):
-            decision = form_batch(self._queue.candidates(self.rules.limit, self._drop), self.rules, now)
-            if decision.take:
-                items = self._batch(decision.take)
-                worker = self._idle.popleft()
-                if runs_inline(worker.instance):
-                    taken = worker, items
-                else:
-                    worker.send.send_nowait(items)
-        if len(self._queue):
-            self._wakeup.set()
-        return taken
-
-    def wake(self) -> None:
-        self._wakeup.set()
 
     def next_turn(self) -> Turn | None:
         """A turn in the response order for a request answered without queueing (cache hit)."""
@@ -299,7 +256,11 @@ class DynamicScheduler(Scheduler):
 
     def step(self, now: float) -> float:
         """Reject expired requests and hand batches to idle instances; return when to look again."""
-        self._expire(now)
+        for entry in self._queue.expire(now):
+            if entry.cancelled:
+                self._drop(entry)  # nobody is waiting for an answer
+            else:
+                self._on_reject(entry.item, unavailable(TIMEOUT_EXPIRED))
         wake_at = math.inf
         limit = self.rules.limit
         while self._idle and len(self._queue):
@@ -309,24 +270,12 @@ class DynamicScheduler(Scheduler):
                 if decision.wait is not None:
                     wake_at = now + decision.wait
                 break
-            self._idle.popleft().send.send_nowait(self._batch(decision.take))
+            items = [e.item for e in self._queue.pop(decision.take)]
+            if log.isEnabledFor(VERBOSE):  # --log-verbose: the scheduler's decisions
+                log.log(VERBOSE, "dynamic batcher: batch of %d request(s), batch size %d, %d still queued",
+                        len(items), sum(item.batch_size for item in items), len(self._queue), extra={"verbose": 1})
+            if self._sequencer is not None:
+                for item in items:
+                    item.turn = self._sequencer.next()
+            self._idle.popleft().send.send_nowait(items)
         return min(wake_at, self._queue.next_deadline())
-
-    def _expire(self, now: float) -> None:
-        """Reject the queued requests whose timeout passed (drop the cancelled ones)."""
-        for entry in self._queue.expire(now):
-            if entry.cancelled:
-                self._drop(entry)  # nobody is waiting for an answer
-            else:
-                self._on_reject(entry.item, unavailable(TIMEOUT_EXPIRED))
-
-    def _batch(self, take: int) -> list[Any]:
-        """The first ``take`` queued requests, out of the queue (with their turns)."""
-        items = [e.item for e in self._queue.pop(take)]
-        if log.isEnabledFor(VERBOSE):  # --log-verbose: the scheduler's decisions
-            log.log(VERBOSE, "dynamic batcher: batch of %d request(s), batch size %d, %d still queued",
-                    len(items), sum(item.batch_size for item in items), len(self._queue), extra={"verbose": 1})
-        if self._sequencer is not None:
-            for item in items:
-                item.turn = self._sequencer.next()
-        return items

@@ -72,24 +72,5 @@ class Scheduler(abc.ABC):
         return None
 
     def release(self, slot: Any) -> None:
-        """Give back a slot from :meth:`claim` or :meth:`take_batch` after its execution."""
+        """Give back a slot from :meth:`claim` after its execution."""
         raise unsupported(f"{type(self).__name__} hands out no slots")
-
-    def offer(self, item: Schedulable) -> bool:
-        """Queue ``item`` as :meth:`enqueue` does; True when the caller is to form the next
-        batch itself: after one checkpoint (the requests of the same loop round join the
-        queue meanwhile), it calls :meth:`take_batch`, or :meth:`wake` when it cannot (it was
-        cancelled). The default: False (queued the usual way). Raises as :meth:`enqueue`."""
-        self.enqueue(item)
-        return False
-
-    def take_batch(self, runs_inline: Callable[[Any], bool]) -> tuple[Any, list[Any]] | None:
-        """After :meth:`offer` returned True: ``(slot, batch)`` to execute inline in the caller's
-        task (then :meth:`release` the slot), or None. Raises UNSUPPORTED unless offer can
-        return True."""
-        raise unsupported(f"{type(self).__name__} forms no batches for its callers")
-
-    def wake(self) -> None:
-        """An offered request's caller will not call :meth:`take_batch`: the scheduler looks
-        at its queue itself. Raises UNSUPPORTED unless offer can return True."""
-        raise unsupported(f"{type(self).__name__} forms no batches for its callers")

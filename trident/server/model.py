@@ -449,18 +449,11 @@ class ModelVersion:
                 finally:
                     self.scheduler.release(slot)
             else:
-                scheduler = self.scheduler
                 try:
-                    if self.decoupled:  # its responses are consumed while it runs: never inline
-                        scheduler.enqueue(pending)
-                        offered = False
-                    else:
-                        offered = scheduler.offer(pending)
+                    self.scheduler.enqueue(pending)
                 except TritonError:
                     self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=REJECTED)
                     raise
-                if offered:
-                    await self._take_batch(scheduler)
             first = True
             window = pending.responder.window
             receive = pending.receive
@@ -503,25 +496,6 @@ class ModelVersion:
                 pending.responder.window.close()
             request.responder = None  # no request <-> responder cycle: the request is freed when dropped
             self.inflight.leave()
-
-    async def _take_batch(self, scheduler: Scheduler) -> None:
-        """After ``scheduler.offer``: one checkpoint, in which the requests of the same loop
-        round join the queue, then the batch an idle instance takes now, executed here when it
-        runs inline (no hop to the batcher task and a worker task; the other requests' tasks
-        find their responses delivered). Cancellation at the checkpoint leaves the batch to
-        the batcher (woken) and raises Cancelled."""
-        try:
-            await trio.lowlevel.checkpoint()
-        except trio.Cancelled:
-            scheduler.wake()
-            raise
-        taken = scheduler.take_batch(self.executor.runs_inline)
-        if taken is not None:
-            slot, batch = taken
-            try:
-                await self.executor(slot.instance, batch)  # inline: returns without a checkpoint
-            finally:
-                scheduler.release(slot)
 
     async def _infer_ensemble(self, ensemble: EnsembleScheduler, request: InferenceRequest, send: SendResponse,
                               batch: int, trace: Any) -> None:
