@@ -14,7 +14,10 @@ the model file is imported as a submodule of it (Triton imports ``<version>/mode
   Triton's stub, so an ``import`` inside ``initialize``/``execute`` still finds its siblings.
 
 Instances load in parallel worker threads: every change to ``sys.path`` and ``sys.modules``
-happens under one lock.
+happens under one lock. ``sys.path`` is never changed in place but replaced by a new list: an
+import in another thread (a framework backend importing its package while a model file
+executes) walks the list it started with, and an entry removed under it would make it skip
+one (a ``No module named ...`` for an installed package).
 """
 
 from __future__ import annotations
@@ -96,17 +99,14 @@ def import_model_file(model_file: Path, label: str, *, keep_path: bool) -> Loade
             raise ImportError(f"cannot import '{model_file}' as a Python module")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        sys.path.insert(0, folder)
+        sys.path = [folder, *sys.path]
         try:
             spec.loader.exec_module(module)
         except BaseException:
             _drop_package(package)
             raise
         finally:
-            try:
-                sys.path.remove(folder)
-            except ValueError:  # the model took it out itself
-                pass
+            _remove_path(folder)  # unless the model took it out itself
             for added in set(sys.modules) - before:
                 mod = sys.modules.get(added)
                 ours = added == package or added.startswith(package + ".")
@@ -117,7 +117,7 @@ def import_model_file(model_file: Path, label: str, *, keep_path: bool) -> Loade
         if keep_path:
             path_entry = folder
             if _path_refs.get(folder, 0) == 0 and folder not in sys.path:
-                sys.path.append(folder)
+                sys.path = [*sys.path, folder]
                 _appended.add(folder)
             _path_refs[folder] = _path_refs.get(folder, 0) + 1
         return LoadedModule(package, module, path_entry)
@@ -140,7 +140,12 @@ def release(loaded: LoadedModule) -> None:
                 _path_refs.pop(folder, None)
                 if folder in _appended:
                     _appended.discard(folder)
-                    try:
-                        sys.path.remove(folder)
-                    except ValueError:
-                        pass
+                    _remove_path(folder)
+
+
+def _remove_path(folder: str) -> None:
+    """Take the first ``folder`` entry out of ``sys.path`` (a new list; none there: nothing)."""
+    path = sys.path
+    if folder in path:
+        i = path.index(folder)
+        sys.path = path[:i] + path[i + 1:]
