@@ -134,6 +134,11 @@ def test_in_process(repo: Path, tmp_path: Path):
     assert "Service Kind: trident in-process" in text and "Request concurrency: 2" in text
     assert "Process CPU (server and load together)" in text
     assert [r["Concurrency"] for r in rows(out)] == ["1", "2"]
+    # a model answered here and now (no batching, run inline): the closed loop still lets the
+    # loop and the measuring thread run (it once held the loop for good)
+    text = ok(perf("--in-process", str(repo), "-m", "identity_fp32", "--shape", "INPUT0:16", "--concurrency-range",
+                   "1:2", *FAST, timeout=40))
+    assert "Concurrency: 1, throughput:" in text and "Concurrency: 2, throughput:" in text
     p = perf("--in-process", str(repo), "-m", "nope", *FAST)
     assert p.returncode == 1 and p.stderr.count("\n") == 1 and "nope" in p.stderr
 
