@@ -26,6 +26,7 @@ from typing import Any
 
 import trio
 
+from trident.batching import rounds
 from trident.batching.dynamic import BatchRules, form_batch
 from trident.batching.policy import (
     TIMEOUT_EXPIRED,
@@ -111,6 +112,7 @@ class DynamicScheduler(Scheduler):
         self._nursery: trio.Nursery | None = None
         self._execute: ExecuteBatch | None = None
         self._pending_starts: list[_Worker] = []
+        self._round: rounds.Round | None = None  # this run's rounds, once serving
 
     # ---- front door -----------------------------------------------------------------------
 
@@ -146,14 +148,19 @@ class DynamicScheduler(Scheduler):
     def claim(self) -> _Worker | None:
         """An idle instance for a request to run on now, in the caller's task, or None.
 
-        Only when Triton's default scheduler would hand the request to that instance at once
-        anyway: batching off, nothing queued, no rate limiter (which gates executions) and no
-        response ordering. Saves the queue entry and the hand-off to the worker task. The
-        caller must :meth:`release` the slot once the execution is over.
+        Only when Triton's scheduler would hand the request to that instance at once, alone,
+        anyway: nothing queued, no rate limiter (which gates executions), no response
+        ordering, and either batching off or dynamic batching with no queue delay and the
+        request alone in its loop round (:mod:`trident.batching.rounds`: no other request
+        could join its batch before the batcher's turn; under concurrency requests keep
+        sharing batches). Saves the queue entry and the hand-offs to the batcher and worker
+        tasks. The caller must :meth:`release` the slot once the execution is over.
         """
-        if self.rules.enabled or self._rate_limiter is not None or self._sequencer is not None:
+        if self._rate_limiter is not None or self._sequencer is not None:
             return None
         if not self._idle or len(self._queue):
+            return None
+        if self.rules.enabled and (self.rules.max_queue_delay or self._round is None or not self._round.alone()):
             return None
         return self._idle.popleft()
 
@@ -181,6 +188,7 @@ class DynamicScheduler(Scheduler):
     async def serve(self, instances: Sequence[Any], execute: ExecuteBatch) -> None:
         """Batch and execute until cancelled (by the model version's nursery)."""
         self._execute = execute
+        self._round = rounds.current()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for instance in instances:

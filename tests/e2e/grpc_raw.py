@@ -173,6 +173,24 @@ class RawClient:
         await s.closed.wait()
         return s
 
+    async def burst(self, path: str, bodies: list[bytes]) -> list[RawStream]:
+        """Calls whose HEADERS and one DATA frame each (``bodies``: raw messages, not framed) all
+        leave in one write, as a client multiplexing many unary calls sends them."""
+        headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
+                   (b":authority", b"localhost"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+        streams = []
+        async with self.lock:
+            for body in bodies:
+                stream_id = self.h2.get_next_available_stream_id()
+                s = self.streams[stream_id] = RawStream(stream_id)
+                self.h2.send_headers(stream_id, headers)
+                self.h2.send_data(stream_id, frame(body), end_stream=True)
+                streams.append(s)
+            await self.sock.send_all(self.h2.data_to_send())
+        for s in streams:
+            await s.closed.wait()
+        return streams
+
     async def unary(self, path: str, payload: bytes, **kwargs) -> RawStream:
         s = await self.open(path, **kwargs)
         await self.send(s, frame(payload), end_stream=True)

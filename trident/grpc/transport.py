@@ -58,6 +58,7 @@ from typing import Any
 
 import trio
 
+from trident.batching import rounds
 from trident.errors import (
     GRPC_DEADLINE_EXCEEDED,
     GRPC_INTERNAL,
@@ -600,6 +601,8 @@ class Connection:
             return False
         handle = self._handle
         count = len(events)
+        if count > 2 and sum(1 for event in events if event[0] == http2.DATA) > 1:
+            rounds.current().crowd()  # several messages in one read: a batching model batches them
         i = 0
         while i < count:
             event = events[i]

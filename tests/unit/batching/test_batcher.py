@@ -9,6 +9,7 @@ import pytest
 import trio
 import trio.testing
 
+from trident.batching import rounds
 from trident.batching.batcher import DynamicScheduler
 from trident.batching.dynamic import BatchRules
 from trident.batching.policy import DELAY, Priorities, QueuePolicy
@@ -341,17 +342,57 @@ async def test_claim_gives_an_idle_instance_to_its_caller_when_nothing_is_queued
         nursery.cancel_scope.cancel()
 
 
-async def test_claim_refused_with_batching_ordering_or_a_rate_limiter(autojump_clock):
+async def test_claim_refused_with_ordering_or_a_rate_limiter(autojump_clock):
     limiter = RateLimiter()
     limiter.register("i0", Needs({("R", 0): 1}))
-    for kw in ({"rules": GREEDY}, {"rules": BatchRules(), "preserve_ordering": True},
-               {"rules": BatchRules(), "rate_limiter": limiter}):
+    for kw in ({"rules": BatchRules(), "preserve_ordering": True}, {"rules": BatchRules(), "rate_limiter": limiter},
+               {"rules": GREEDY, "preserve_ordering": True}, {"rules": GREEDY, "rate_limiter": limiter}):
         h = Harness(kw.pop("rules"), **kw)
         async with trio.open_nursery() as nursery:
             h.start(nursery)
             await trio.sleep(0.01)
-            assert h.scheduler.claim() is None
+            await trio.lowlevel.checkpoint()  # alone in its round
+            assert rounds.current().alone() and h.scheduler.claim() is None
             nursery.cancel_scope.cancel()
+
+
+async def test_claim_with_batching_only_for_a_request_alone_in_its_round_with_no_delay(autojump_clock):
+    h = Harness(GREEDY)
+    assert h.scheduler.claim() is None  # not serving yet
+    async with trio.open_nursery() as nursery:
+        h.start(nursery)
+        await trio.sleep(0.01)
+        await trio.lowlevel.checkpoint()  # alone in its round: the batcher would run it alone at once
+        slot = h.scheduler.claim()
+        assert slot is not None and slot.instance == "i0"
+        assert h.scheduler.claim() is None  # taken
+        h.scheduler.release(slot)
+        await trio.lowlevel.checkpoint()
+        rounds.current().crowd()  # a front end holds more requests of this round: they batch
+        assert h.scheduler.claim() is None
+        await trio.lowlevel.checkpoint()
+        h.scheduler.enqueue(item("a"))  # something queued: it goes first, by the batcher
+        assert h.scheduler.claim() is None
+        await trio.sleep(1)
+        assert h.batches() == [["a"]]
+        woken = trio.Event()
+
+        async def other() -> None:
+            await woken.wait()
+
+        nursery.start_soon(other)
+        await trio.sleep(0.01)
+        await trio.lowlevel.checkpoint()
+        woken.set()  # another task runs before the batcher's turn: it may add to the batch
+        assert h.scheduler.claim() is None
+        nursery.cancel_scope.cancel()
+    h = Harness(BatchRules(True, 4, (), 0.001))  # a queue delay: the batcher waits for company
+    async with trio.open_nursery() as nursery:
+        h.start(nursery)
+        await trio.sleep(0.01)
+        await trio.lowlevel.checkpoint()
+        assert rounds.current().alone() and h.scheduler.claim() is None
+        nursery.cancel_scope.cancel()
 
 
 async def test_retiring_a_claimed_instance_waits_for_its_release(autojump_clock):
