@@ -74,7 +74,7 @@ class _State:
     outstanding: int = 0
     index: int = 0
     retired: bool = False
-    buffer: list[dict[str, Any]] = field(default_factory=list)
+    buffer: list[str] = field(default_factory=list)  # each trace's entries as JSON text, comma-joined
     traces_in_buffer: int = 0
 
 
@@ -100,7 +100,7 @@ class Tracer:
         self._states: dict[str, _State] = {}  # owner ("" = global) -> state
         self._retired: list[_State] = []
         self._next_id = 1
-        self._files: dict[str, list[dict[str, Any]]] = {}  # trace_file (log_frequency 0) -> written entries
+        self._files: dict[str, list[str]] = {}  # trace_file (log_frequency 0) -> the traces written (JSON text)
         self.written = 0  # traces written or exported
 
     # ---- sampling ------------------------------------------------------------------------
@@ -179,7 +179,9 @@ class Tracer:
         if state.mode == "opentelemetry":
             self._export_span(trace, stamps)
             return
-        state.buffer += entries
+        # kept as JSON text, not as dicts: a long buffer of containers would be walked by every
+        # full garbage collection (tracing every request: p99 28 ms at 8 connections)
+        state.buffer.append(json.dumps(entries, separators=(",", ":"))[1:-1])
         state.traces_in_buffer += 1
         if state.log_frequency > 0 and state.traces_in_buffer >= state.log_frequency:
             self._flush(state)
@@ -217,7 +219,7 @@ class Tracer:
             entries += state.buffer
         try:
             with open(path, "w") as f:
-                f.write(json.dumps(entries, separators=(",", ":")))
+                f.write("[" + ",".join(entries) + "]")  # the traces' entries, one JSON array
         except OSError as e:
             log.error("failed to write trace file '%s': %s", path, e)
         self.written += state.traces_in_buffer

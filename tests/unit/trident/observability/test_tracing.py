@@ -117,3 +117,25 @@ async def test_settings_change_flushes_and_restarts_count(tmp_path):
     assert [e["request_id"] for e in json.loads((tmp_path / "a.json").read_text()) if "model_name" in e] == ["r0"]
     tracer.close()
     assert [e["request_id"] for e in json.loads((tmp_path / "b.json").read_text()) if "model_name" in e] == ["r1"]
+
+
+async def test_buffered_traces_are_text_the_collector_never_walks(tmp_path):
+    # tracing every request with log_frequency 0 buffers every trace until the file is written:
+    # as dicts, every full garbage collection walked them all (p99 18 ms at 8 connections)
+    import gc
+
+    settings = TraceSettings()
+    settings.update("", {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "1",
+                         "trace_file": str(tmp_path / "all.json"), "log_frequency": "0"})
+    tracer = Tracer(settings)
+    for i in range(50):
+        _run(tracer, i)
+    state = tracer._state("m")
+    assert state.traces_in_buffer == 50 and not any(gc.is_tracked(item) for item in state.buffer)
+    tracer.close()
+    entries = json.loads((tmp_path / "all.json").read_text())
+    heads = [e for e in entries if "model_name" in e]
+    assert [h["request_id"] for h in heads] == [f"r{i}" for i in range(50)]
+    assert len(entries) == 50 * 4  # head, timestamps, the input tensor, the output tensor
+    tensors = [e for e in entries if "activity" in e]
+    assert tensors[0]["activity"] == "TENSOR_QUEUE_INPUT" and tensors[1]["activity"] == "TENSOR_BACKEND_OUTPUT"
