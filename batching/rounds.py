@@ -56,16 +56,15 @@ class Round(trio.abc.Instrument):
         self.crowded = True
 
 
-_CURRENT: trio.lowlevel.RunVar[Round] = trio.lowlevel.RunVar("trident_round")
+_CURRENT: trio.lowlevel.RunVar[Round | None] = trio.lowlevel.RunVar("trident_round", default=None)
 
 
 def current() -> Round:
     """This trio run's :class:`Round`, its instrument added on first use (it stays for the
     run). Must be called from the trio thread; raises RuntimeError outside a trio run."""
-    try:
-        return _CURRENT.get()
-    except LookupError:
-        pass
+    round_ = _CURRENT.get()
+    if round_ is not None:
+        return round_
     round_ = Round(_run_queue())
     if round_.tracking:
         trio.lowlevel.add_instrument(round_)

@@ -48,6 +48,13 @@ class RawStream:
         return out
 
 
+def request_headers(path: str, content_type: bytes = b"application/grpc",
+                    extra: list[tuple[bytes, bytes]] | None = None) -> list[tuple[bytes, bytes]]:
+    """A gRPC request's header list (``extra`` appended)."""
+    return [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()), (b":authority", b"localhost"),
+            (b"content-type", content_type), (b"te", b"trailers"), *(extra or [])]
+
+
 def frame(payload: bytes, compressed: bool = False) -> bytes:
     return struct.pack(">BI", int(compressed), len(payload)) + payload
 
@@ -124,9 +131,7 @@ class RawClient:
     async def open(self, path: str, *, content_type: bytes = b"application/grpc",
                    extra: list[tuple[bytes, bytes]] | None = None, end_stream: bool = False) -> RawStream:
         stream_id = self.h2.get_next_available_stream_id()
-        headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
-                   (b":authority", b"localhost"), (b"content-type", content_type), (b"te", b"trailers")]
-        headers += extra or []
+        headers = request_headers(path, content_type, extra)
         s = self.streams[stream_id] = RawStream(stream_id)
         self.h2.send_headers(stream_id, headers, end_stream=end_stream)
         await self.flush()
@@ -163,11 +168,9 @@ class RawClient:
         """A call whose HEADERS and one DATA frame with END_STREAM (``body``: raw bytes, not
         framed) leave in one write, as most clients send a small unary request."""
         stream_id = self.h2.get_next_available_stream_id()
-        headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
-                   (b":authority", b"localhost"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
         s = self.streams[stream_id] = RawStream(stream_id)
         async with self.lock:
-            self.h2.send_headers(stream_id, headers + (extra or []))
+            self.h2.send_headers(stream_id, request_headers(path, extra=extra))
             self.h2.send_data(stream_id, body, end_stream=True)
             await self.sock.send_all(self.h2.data_to_send())
         await s.closed.wait()
@@ -176,8 +179,7 @@ class RawClient:
     async def burst(self, path: str, bodies: list[bytes]) -> list[RawStream]:
         """Calls whose HEADERS and one DATA frame each (``bodies``: raw messages, not framed) all
         leave in one write, as a client multiplexing many unary calls sends them."""
-        headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
-                   (b":authority", b"localhost"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+        headers = request_headers(path)
         streams = []
         async with self.lock:
             for body in bodies:
@@ -235,10 +237,9 @@ def request_block(path: str, extra: list[tuple[bytes, bytes]] | None = None) -> 
     (static-table entries and never-indexed literals), so it can be sent any number of times."""
     from hpack import Encoder, NeverIndexedHeaderTuple
 
-    headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
-               (b":authority", b"localhost"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
     encoder = Encoder()
-    return encoder.encode([NeverIndexedHeaderTuple(k, v) for k, v in headers + (extra or [])], huffman=False)
+    return encoder.encode([NeverIndexedHeaderTuple(k, v) for k, v in request_headers(path, extra=extra)],
+                          huffman=False)
 
 
 def rapid_reset(path: str, count: int, payload: bytes = b"") -> bytes:

@@ -131,7 +131,7 @@ async def test_buffered_traces_are_text_the_collector_never_walks(tmp_path):
     for i in range(50):
         _run(tracer, i)
     state = tracer._state("m")
-    assert state.traces_in_buffer == 50 and not any(gc.is_tracked(item) for item in state.buffer)
+    assert len(state.buffer) == 50 and not any(gc.is_tracked(item) for item in state.buffer)
     tracer.close()
     entries = json.loads((tmp_path / "all.json").read_text())
     heads = [e for e in entries if "model_name" in e]
