@@ -37,6 +37,10 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     for dt in DATATYPES:
         write_identity(repo, dt)
     shutil.copytree(EXAMPLE_REPOSITORY / "add_sub", repo / "add_sub")  # two inputs: one in shm, one not
+    # the same model on its instance's thread always (the others run inline once measured)
+    write_identity(repo, "FP32", name="identity_on_thread")
+    with (repo / "identity_on_thread" / "config.pbtxt").open("a") as f:
+        f.write('parameters { key: "TRIDENT_INLINE_EXECUTION" value: { string_value: "never" } }\n')
     s = start_server("--allow-client-shm=true", repo=repo)
     yield s
     s.stop()
@@ -283,6 +287,27 @@ def test_unregister_while_a_request_reads_the_region_keeps_it_mapped(server, reg
         t.join(60)
         assert not errors, errors
         assert c.is_server_live()
+
+
+@pytest.mark.parametrize("model", ["identity_fp32", "identity_on_thread"])
+def test_an_unregistered_region_is_unmapped_when_its_last_request_is_done(server, regions, model: str) -> None:
+    """Nothing keeps a finished request (and so its inputs' pages): an instance thread waiting
+    for its next batch used to hold its last one, and with it the region's mapping."""
+    key, handle = regions.make(64)
+    shm.set_shared_memory_region(handle, [np.arange(16, dtype=np.float32)])
+    tag = uuid.uuid4().hex[:8]
+    maps = Path(f"/proc/{server.proc.pid}/maps")
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        c.register_system_shared_memory(f"m{tag}", key, 64)
+        inp = grpcclient.InferInput("INPUT0", [4, 4], "FP32")
+        inp.set_shared_memory(f"m{tag}", 64)
+        assert c.infer(model, [inp]).as_numpy("OUTPUT0").reshape(-1).tolist() == list(range(16))
+        bad = grpcclient.InferInput("INPUT0", [4, 4], "FP32")
+        bad.set_shared_memory(f"m{tag}", 32)  # refused after the region was read
+        assert "input byte size mismatch" in _error(lambda: c.infer(model, [bad]))[1]
+        assert key[1:] in maps.read_text()
+        c.unregister_system_shared_memory(f"m{tag}")
+        assert key[1:] not in maps.read_text()
 
 
 def test_aio_clients(server, regions) -> None:

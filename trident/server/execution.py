@@ -343,11 +343,15 @@ class InstanceThread:
             call = self._queue.get()
             if call is None:
                 return
-            if call.abandoned:
-                continue
-            result = outcome.capture(call.fn, *call.args)
-            with contextlib.suppress(trio.RunFinishedError):
-                call.token.run_sync_soon(self._finish, call, result)
+            if not call.abandoned:
+                result = outcome.capture(call.fn, *call.args)
+                with contextlib.suppress(trio.RunFinishedError):
+                    call.token.run_sync_soon(self._finish, call, result)
+                del result
+            # the thread must not hold its last batch while it waits for the next: the batch's
+            # requests hold their inputs, which may be a client's shared memory (a region
+            # unregistered meanwhile must be released when its last request is done)
+            del call
 
     def _finish(self, call: _Call, result: outcome.Outcome[Any]) -> None:
         with contextlib.suppress(ValueError):
