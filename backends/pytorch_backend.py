@@ -48,7 +48,7 @@ from trident.backends.base import Backend, LoadContext, ModelInstance
 from trident.backends.sequence_io import with_sequence_io
 from trident.errors import TritonError, internal, invalid_arg, unavailable, unsupported
 from trident.protocol.generated.inference import DataType, ModelConfig
-from trident.types import InferenceRequest, InferenceResponse
+from trident.types import InferenceRequest, InferenceResponse, device_source_of
 
 log = logging.getLogger("trident.backends.pytorch")
 
@@ -161,11 +161,23 @@ class TorchInstance(ModelInstance):
         torch = self.torch
         if name in self.strings:
             return str_array(array, name).reshape(-1).tolist()
+        if self.device.type == "cuda":
+            source = device_source_of(array)
+            if source is not None and source[0] == self.device.index:
+                return self._from_device(name, array, source[1], source[2])
         if name in self.bf16:
             t = torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
         else:
             t = torch.from_numpy(np.ascontiguousarray(array))
         return t.to(self.device, non_blocking=True) if self.device.type != "cpu" else t
+
+    def _from_device(self, name: str, array: np.ndarray, pointer: int, owner: Any) -> Any:
+        """The input read where the client put it: a tensor over the CUDA shared memory the
+        host ``array`` was copied from (no copy to the device; it keeps ``owner`` open)."""
+        bf16 = name in self.bf16
+        view = _DeviceArray(pointer, array.shape, "<i2" if bf16 else array.dtype.str, owner)
+        t = self.torch.as_tensor(view, device=self.device)
+        return t.view(self.torch.bfloat16) if bf16 else t
 
     def _to_numpy(self, name: str, value: Any, total: int) -> np.ndarray:
         torch = self.torch
@@ -256,6 +268,19 @@ class _Null:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+class _DeviceArray:
+    """Device memory as ``__cuda_array_interface__`` (torch keeps this object, and so ``owner``,
+    alive while the tensor it makes lives). The bytes were complete before the request was
+    decoded (the server copied them to the host synchronously), so no stream is named. Writable,
+    as Triton's PyTorch backend wraps a CUDA shared-memory input: a model that changes its
+    input in place changes the client's memory."""
+
+    def __init__(self, pointer: int, shape: tuple[int, ...], typestr: str, owner: Any) -> None:
+        self.owner = owner
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (pointer, False),
+                                         "version": 3, "strides": None}
 
 
 def _apply_global_settings(torch: Any, config: ModelConfig) -> None:

@@ -34,6 +34,7 @@ from trident.errors import invalid_arg, unsupported
 from trident.protocol import datatypes
 from trident.protocol.kserve import (
     ShmLookup,
+    ShmOutputLookup,
     shm_array,
     shm_parameters,
     without_shm_parameters,
@@ -744,7 +745,7 @@ def _raw(data: np.ndarray, datatype: str) -> tuple[Parts, int]:
 
 def encode_model_infer_response(
     response: InferenceResponse, parameters: dict[str, ParamValue] | None = None,
-    shm_outputs: dict[str, dict[str, ParamValue]] | None = None, shm: ShmLookup | None = None,
+    shm_outputs: dict[str, dict[str, ParamValue]] | None = None, shm: ShmOutputLookup | None = None,
 ) -> tuple[Parts, int]:
     """``inference.ModelInferResponse`` for ``response`` as (parts, total size).
 

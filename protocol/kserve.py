@@ -91,6 +91,9 @@ _SHM_UNSUPPORTED = "shared memory extension is not supported yet"
 #: ``shm(region, offset, byte_size) -> memoryview``: the bytes of a shared-memory tensor, from
 #: the server's registry (trident.server.shared_memory); None: shared memory is not available
 ShmLookup = Callable[[str, int, int], memoryview]
+#: ``shm(region, offset, byte_size) -> window``: where an output is written, ``window[:n] = blob``
+#: (a writable memoryview of a system region, or the server's window onto a CUDA region)
+ShmOutputLookup = Callable[[str, int, int], Any]
 # request parameters with a meaning of their own, and the JSON types they must have
 _RESERVED_BOOL = ("sequence_start", "sequence_end", "binary_data_output")
 _RESERVED_UINT = ("priority", "timeout")
@@ -686,7 +689,7 @@ def encode_infer_response(
     response: InferenceResponse,
     requested: Sequence[RequestedOutput],
     binary_default: bool,
-    shm: ShmLookup | None = None,
+    shm: ShmOutputLookup | None = None,
 ) -> tuple[list[bytes | memoryview], int | None]:
     """Encode a response as KServe v2 JSON plus binary blobs.
 
@@ -780,7 +783,7 @@ def _splice_lists(header: bytes, lists: list[np.ndarray]) -> list[bytes]:
     return pieces
 
 
-def write_shm_output(tensor: Tensor, params: dict[str, ParamValue], shm: ShmLookup | None) -> None:
+def write_shm_output(tensor: Tensor, params: dict[str, ParamValue], shm: ShmOutputLookup | None) -> None:
     """Write ``tensor``'s bytes (BYTES serialized) into the shared-memory region its requested
     output names. Raises UNSUPPORTED without ``shm``, the lookup's errors, and INTERNAL (Triton's
     words) when the region's byte size cannot hold the output; nothing is written then."""
@@ -796,7 +799,7 @@ def write_shm_output(tensor: Tensor, params: dict[str, ParamValue], shm: ShmLook
     view[:nbytes] = blob
 
 
-def _shm_output(tensor: Tensor, params: dict[str, ParamValue], shm: ShmLookup | None) -> dict[str, Any]:
+def _shm_output(tensor: Tensor, params: dict[str, ParamValue], shm: ShmOutputLookup | None) -> dict[str, Any]:
     write_shm_output(tensor, params, shm)
     out: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": [int(d) for d in tensor.shape]}
     if tensor.parameters:

@@ -307,10 +307,9 @@ class SharedRegionMapping(mmap.mmap):
         return self._fd < 0
 
 
-def shared_region_of(array: np.ndarray) -> tuple[SharedRegionMapping, int] | None:
-    """The registered region ``array`` is a view of and the byte offset of its first element in
-    the region's mapping, or None: it views no region, is not one C-contiguous run of bytes, is
-    empty, or holds objects (BYTES)."""
+def _buffer_under(array: np.ndarray) -> Any:
+    """The buffer object under a C-contiguous, non-empty, non-object array (through views and
+    memoryviews), or None."""
     if array.dtype.hasobject or not array.flags.c_contiguous or array.nbytes == 0:
         return None
     base: Any = array.base
@@ -318,9 +317,46 @@ def shared_region_of(array: np.ndarray) -> tuple[SharedRegionMapping, int] | Non
         base = base.base
     if isinstance(base, memoryview):
         base = base.obj
+    return base
+
+
+def shared_region_of(array: np.ndarray) -> tuple[SharedRegionMapping, int] | None:
+    """The registered region ``array`` is a view of and the byte offset of its first element in
+    the region's mapping, or None: it views no region, is not one C-contiguous run of bytes, is
+    empty, or holds objects (BYTES)."""
+    base = _buffer_under(array)
     if not isinstance(base, SharedRegionMapping) or not base.serial:
         return None
     offset = int(array.__array_interface__["data"][0]) - base.address
     if offset < 0 or offset + array.nbytes > base.length:
         return None
     return base, offset
+
+
+class DeviceCopy(bytearray):
+    """The host copy of a range of a client's CUDA shared-memory region, made by
+    :mod:`trident.server.shared_memory` for an input: every part of the server reads it as
+    bytes, and a backend whose model runs on the same GPU can find, with
+    :func:`device_source_of`, the device memory it came from and read that instead (no copy
+    back to the device). ``device_id`` and ``pointer`` (the device address of byte 0) say where
+    it came from, ``owner`` keeps the client's memory open while anything holds this copy, and
+    ``address`` is where the copy starts in host memory.
+    """
+
+    device_id = -1
+    pointer = 0
+    address = 0
+    owner: Any = None
+
+
+def device_source_of(array: np.ndarray) -> tuple[int, int, Any] | None:
+    """``(device_id, device address of the first element, owner)`` when ``array`` is a view of
+    a :class:`DeviceCopy` (an input read from CUDA shared memory), else None (also for BYTES,
+    strided or empty arrays). Keep ``owner`` referenced while the device memory is in use."""
+    base = _buffer_under(array)
+    if not isinstance(base, DeviceCopy) or base.owner is None:
+        return None
+    offset = int(array.__array_interface__["data"][0]) - base.address
+    if offset < 0 or offset + array.nbytes > len(base):
+        return None
+    return base.device_id, base.pointer + offset, base.owner

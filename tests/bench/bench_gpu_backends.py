@@ -11,6 +11,11 @@ a Markdown report and exits 0 whatever it finds (each check says ran / failed / 
    a fraction of the offline figure.
 4. TensorRT: an engine built from the ONNX MLP with TensorRT's builder, saved as ``model.plan``,
    loaded on a KIND_GPU instance, outputs compared with onnxruntime's.
+5. CUDA shared memory: a real ``trident serve`` with a PyTorch identity model on ``cuda:0``,
+   one tritonclient gRPC/HTTP client at a time: 1 MiB and 16 MiB FP32 in the request body
+   (gRPC, HTTP binary), in system shared memory and in CUDA shared memory (inputs and outputs);
+   req/s, MB/s of input and server CPU per request (from /proc). The end-to-end CUDA tests are
+   ``tests/e2e/test_cuda_shared_memory.py`` (run them with pytest on the same host).
 """
 
 from __future__ import annotations
@@ -205,16 +210,134 @@ def tensorrt_plan(tmp: Path) -> None:
     instance.finalize()
 
 
+CUDA_SHM_CONFIG = '''backend: "pytorch" max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+instance_group [ { count: 1 kind: KIND_GPU } ]
+'''
+
+
+def _cpu_seconds(pid: int) -> float:
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cuda_shared_memory(tmp: Path, seconds: float) -> None:
+    import uuid
+
+    import torch
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    import tritonclient.utils.cuda_shared_memory as cudashm
+    import tritonclient.utils.shared_memory as sysshm
+    from e2e.conftest import start_server
+
+    class Identity(torch.nn.Module):
+        def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:  # noqa: N803
+            return INPUT__0 * 1.0
+
+    repo = tmp / "cudashm_repo"
+    (repo / "torch_identity" / "1").mkdir(parents=True)
+    (repo / "torch_identity" / "config.pbtxt").write_text(CUDA_SHM_CONFIG)
+    torch.jit.script(Identity()).save(str(repo / "torch_identity" / "1" / "model.pt"))
+    server = start_server("--allow-client-shm=true", repo=repo, timeout=180.0)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    http = httpclient.InferenceServerClient(server.http_url)
+    made_cuda, made_sys = [], []
+    print("\n| size | transport | req/s | MB/s in | server CPU ms/req | output correct |\n|---|---|---:|---:|---:|---|")
+    try:
+        def one_size(mib: int) -> None:
+            n = mib * 1024 * 1024 // 4
+            x = np.random.default_rng(mib).random(n, dtype=np.float32)
+            tag = uuid.uuid4().hex[:6]
+            cin = cudashm.create_shared_memory_region(f"ci{tag}", x.nbytes, 0)
+            cout = cudashm.create_shared_memory_region(f"co{tag}", x.nbytes, 0)
+            made_cuda.extend([cin, cout])
+            cudashm.set_shared_memory_region(cin, [x])
+            grpc.register_cuda_shared_memory(f"ci{tag}", cudashm.get_raw_handle(cin), 0, x.nbytes)
+            grpc.register_cuda_shared_memory(f"co{tag}", cudashm.get_raw_handle(cout), 0, x.nbytes)
+            key = f"/trident_bench_{tag}"
+            sys_region = sysshm.create_shared_memory_region(key[1:] + "io", key, 2 * x.nbytes)
+            made_sys.append(sys_region)
+            sysshm.set_shared_memory_region(sys_region, [x])
+            grpc.register_system_shared_memory(f"s{tag}", key, 2 * x.nbytes)
+
+            def body_grpc():
+                i = grpcclient.InferInput("INPUT__0", [n], "FP32")
+                i.set_data_from_numpy(x)
+                return grpc.infer("torch_identity", [i]).as_numpy("OUTPUT__0")
+
+            def body_http():
+                i = httpclient.InferInput("INPUT__0", [n], "FP32")
+                i.set_data_from_numpy(x, binary_data=True)
+                o = httpclient.InferRequestedOutput("OUTPUT__0", binary_data=True)
+                return http.infer("torch_identity", [i], outputs=[o]).as_numpy("OUTPUT__0")
+
+            def in_shm(kind):
+                def call():
+                    i = grpcclient.InferInput("INPUT__0", [n], "FP32")
+                    o = grpcclient.InferRequestedOutput("OUTPUT__0")
+                    if kind == "cuda":
+                        i.set_shared_memory(f"ci{tag}", x.nbytes)
+                        o.set_shared_memory(f"co{tag}", x.nbytes)
+                    else:
+                        i.set_shared_memory(f"s{tag}", x.nbytes)
+                        o.set_shared_memory(f"s{tag}", x.nbytes, offset=x.nbytes)
+                    grpc.infer("torch_identity", [i], outputs=[o])
+                    if kind == "cuda":
+                        return None
+                    return sysshm.get_contents_as_numpy(sys_region, np.float32, [2 * n])[n:]
+                return call
+
+            for label, call in (("gRPC, in the body", body_grpc), ("HTTP binary, in the body", body_http),
+                                ("gRPC, system shared memory", in_shm("system")),
+                                ("gRPC, CUDA shared memory", in_shm("cuda"))):
+                got = call()
+                if got is None:
+                    got = cudashm.get_contents_as_numpy(cout, np.float32, [n])
+                correct = bool(np.array_equal(got, x))
+                done, cpu0, start = 0, _cpu_seconds(server.proc.pid), time.perf_counter()
+                while time.perf_counter() - start < seconds / 8:
+                    call()
+                    done += 1
+                elapsed = time.perf_counter() - start
+                cpu = _cpu_seconds(server.proc.pid) - cpu0
+                print(f"| {mib} MiB | {label} | {done / elapsed:.0f} | {done * x.nbytes / elapsed / 1e6:.0f} | "
+                      f"{cpu / done * 1e3:.3f} | {correct} |")
+            grpc.unregister_cuda_shared_memory()
+            grpc.unregister_system_shared_memory()
+        for mib in (1, 16):
+            one_size(mib)
+    finally:
+        grpc.close()
+        http.close()
+        server.stop()
+        for h in made_cuda:
+            cudashm.destroy_shared_memory_region(h)
+        for h in made_sys:
+            sysshm.destroy_shared_memory_region(h)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--only", default="", help="comma-separated: ort, torch, trt, cudashm (default: all)")
     args = parser.parse_args()
+    only = set(filter(None, args.only.split(",")))
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         check("Environment", environment)
-        check("onnxruntime CUDA execution provider (KIND_GPU, device 0)", lambda: onnxruntime_cuda(tmp))
-        check("PyTorch on cuda:0 (KIND_GPU) and dynamic batching vs offline", lambda: torch_cuda(tmp, args.seconds))
-        check("TensorRT plan (KIND_GPU, device 0)", lambda: tensorrt_plan(tmp))
+        for key, title, fn in (
+                ("ort", "onnxruntime CUDA execution provider (KIND_GPU, device 0)", lambda: onnxruntime_cuda(tmp)),
+                ("torch", "PyTorch on cuda:0 (KIND_GPU) and dynamic batching vs offline",
+                 lambda: torch_cuda(tmp, args.seconds)),
+                ("trt", "TensorRT plan (KIND_GPU, device 0)", lambda: tensorrt_plan(tmp)),
+                ("cudashm", "CUDA shared memory against the request body and system shared memory (1 client)",
+                 lambda: cuda_shared_memory(tmp, args.seconds))):
+            if not only or key in only:
+                check(title, fn)
 
 
 if __name__ == "__main__":

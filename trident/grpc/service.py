@@ -226,8 +226,9 @@ class InferenceService:
 
     async def cuda_shm_register(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.CudaSharedMemoryRegisterRequest, data)
-        self.server.shared_memory.register_cuda(request.name, request.raw_handle, request.device_id,
-                                                request.byte_size)
+        # in a worker thread: opening a handle starts CUDA on first use (seconds)
+        await trio.to_thread.run_sync(self.server.shared_memory.register_cuda, request.name, request.raw_handle,
+                                      request.device_id, request.byte_size)
         return _reply(pb.CudaSharedMemoryRegisterResponse())
 
     async def cuda_shm_unregister(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:

@@ -320,7 +320,9 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
                 raw = None
             if raw is None:
                 raise invalid_arg("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
-            registry.register_cuda(region, raw, _int_field(doc, "device_id", 0), _int_field(doc, "byte_size"))
+            # in a worker thread: opening a handle starts CUDA on first use (seconds)
+            await trio.to_thread.run_sync(registry.register_cuda, region, raw, _int_field(doc, "device_id", 0),
+                                          _int_field(doc, "byte_size"))
         await _send_empty(send, 200)
 
     async def repository_route(

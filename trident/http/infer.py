@@ -214,7 +214,7 @@ class InferEndpoint:
 
 
 async def _reply(response: InferenceResponse, requested: list[Any], binary_default: bool,
-                 accept_encoding: str | None, shm: kserve.ShmLookup | None = None,
+                 accept_encoding: str | None, shm: kserve.ShmOutputLookup | None = None,
                  ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
     if kserve.response_is_large(response):  # a large encode (and compression): in a worker thread
         parts, json_length, encoding = await offload.run_sync(
@@ -231,7 +231,7 @@ async def _reply(response: InferenceResponse, requested: list[Any], binary_defau
 
 
 def encode_response(response: InferenceResponse, requested: list[Any], binary_default: bool,
-                    accept_encoding: str | None, shm: kserve.ShmLookup | None = None,
+                    accept_encoding: str | None, shm: kserve.ShmOutputLookup | None = None,
                     ) -> tuple[list[Any], int | None, str | None]:
     """The response body parts, its JSON header length and its Content-Encoding (None: identity);
     outputs requested in shared memory are written there through ``shm``."""

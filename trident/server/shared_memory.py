@@ -18,8 +18,14 @@ region. :class:`SharedMemory` is the one registry both front ends call:
   backend that runs models in another process (the process-isolated Python backend) can find
   that an input is a view of a region (:func:`trident.types.shared_region_of`) and pass the
   model process the file, offset and size instead of copying the bytes;
-* CUDA regions (``register_cuda``) are not supported yet: the call answers UNSUPPORTED naming
-  what is missing (torch, a CUDA device, or trident's CUDA IPC support);
+* ``register_cuda`` opens a client's cudaIpcMemHandle (:mod:`trident.server.cuda_ipc`, through
+  the ``cuda-python`` package; UNSUPPORTED naming the missing piece on a host without it, a
+  driver or a device) and checks ``byte_size`` against the allocation. An input read from a
+  CUDA region is copied to the host once (:class:`trident.types.DeviceCopy`: every model and
+  every part of the server can read it), and a model running on the same GPU reads the
+  client's device memory itself instead (:func:`trident.types.device_source_of`); an output
+  is copied to the device once, from the host bytes the model produced;
+* system and CUDA regions share one namespace of names, as in Triton;
 * every error has Triton's code and words (checked against tritonserver 2.51).
 
 Client shared memory is off unless ``--allow-client-shm`` (as in Triton since 2.60: a client
@@ -35,13 +41,15 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from trident.errors import Code, TritonError, internal, invalid_arg, not_found, unsupported
 from trident.protocol.kserve import shm_parameters
-from trident.types import SharedRegionMapping
+from trident.server.cuda_ipc import CUDA_IPC_HANDLE_SIZE, CudaMapping, DeviceWindow, open_runtime
+from trident.types import DeviceCopy, SharedRegionMapping
 
 SHM_ROOT = "/dev/shm"
 MAX_REGIONS = 4096  # registered regions per kind (a client controls the count)
-CUDA_IPC_HANDLE_SIZE = 64  # bytes of a cudaIpcMemHandle_t
 DISABLED = ("client shared memory is disabled on this server; start it with --allow-client-shm=true "
             "to use the shared-memory extensions")
 
@@ -61,6 +69,20 @@ class SystemRegion:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
 
+@dataclass(frozen=True)
+class CudaRegion:
+    """A registered CUDA shared-memory region: ``byte_size`` bytes of the client allocation
+    opened as ``mapping`` on ``device_id``."""
+
+    name: str
+    device_id: int
+    byte_size: int
+    mapping: CudaMapping
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
+
+
 def check_key(key: str) -> str:
     """The ``/dev/shm`` path of a POSIX shared-memory name; raises INTERNAL (Triton's answer to a
     key it cannot open) for a name that is not one."""
@@ -77,6 +99,7 @@ class SharedMemory:
     def __init__(self, allowed: bool) -> None:
         self.allowed = allowed
         self._system: dict[str, SystemRegion] = {}
+        self._cuda: dict[str, CudaRegion] = {}
         self._lock = threading.Lock()
 
     def _check_allowed(self) -> None:
@@ -119,7 +142,7 @@ class SharedMemory:
             os.close(fd)
         with self._lock:
             refusal = None
-            if name in self._system:
+            if name in self._system or name in self._cuda:
                 refusal = TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
             elif len(self._system) >= MAX_REGIONS:
                 refusal = invalid_arg(f"failed to register shared memory region '{name}': at most {MAX_REGIONS} "
@@ -150,6 +173,10 @@ class SharedMemory:
             if not name:
                 return [r.status() for r in sorted(self._system.values(), key=lambda r: r.name)]
             region = self._system.get(name)
+            elsewhere = name in self._cuda
+        if elsewhere:
+            raise not_found(f"The region named '{name}' is registered as CUDA shared memory, not system "
+                            "shared memory")
         if region is None:
             raise not_found(f"Unable to find system shared memory region: '{name}'")
         return [region.status()]
@@ -157,55 +184,103 @@ class SharedMemory:
     # ---- CUDA regions ----------------------------------------------------------------------
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
-        """Register a cudaIpcMemHandle as ``name``: not available yet. Raises INVALID_ARG for a
-        malformed handle or values (Triton's words), else UNSUPPORTED naming what is missing
-        (torch, a CUDA device, or trident's CUDA IPC support)."""
+        """Open the cudaIpcMemHandle ``raw_handle`` (device ``device_id``) as ``name``; blocks
+        while CUDA starts on first use, so front ends call it from a worker thread.
+
+        Raises TritonError: UNSUPPORTED when client shared memory is off or this host cannot
+        open CUDA memory (the message names the missing package, driver or device);
+        ALREADY_EXISTS for a name in use (system or CUDA); INVALID_ARG, in Triton's words, for
+        a malformed handle or values, a device that does not exist, a handle the driver
+        refuses, or a ``byte_size`` beyond the allocation; INVALID_ARG past ``MAX_REGIONS``.
+        """
         self._check_allowed()
         if not name or len(raw_handle) != CUDA_IPC_HANDLE_SIZE or device_id < 0 or byte_size <= 0:
             raise invalid_arg("failed to register shared memory region: invalid args")
-        try:
-            import torch
-        except ImportError:
-            raise unsupported("CUDA shared memory needs torch with CUDA: torch is not installed") from None
-        if not torch.cuda.is_available():
-            raise unsupported("CUDA shared memory needs a CUDA device: torch reports none on this host")
-        raise unsupported("CUDA shared memory regions are not supported by trident yet; use system shared "
-                          "memory or send the tensors in the request")
+        with self._lock:
+            taken = name in self._system or name in self._cuda
+        if taken:  # before the handle is opened, as Triton does
+            raise TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
+        mapping = open_runtime().open(name, raw_handle, device_id, byte_size)
+        with self._lock:
+            refusal = None
+            if name in self._system or name in self._cuda:
+                refusal = TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
+            elif len(self._cuda) >= MAX_REGIONS:
+                refusal = invalid_arg(f"failed to register shared memory region '{name}': at most {MAX_REGIONS} "
+                                      "CUDA shared memory regions can be registered")
+            else:
+                self._cuda[name] = CudaRegion(name, device_id, byte_size, mapping)
+        if refusal is not None:
+            mapping.close()
+            raise refusal
 
     def unregister_cuda(self, name: str = "") -> None:
-        """Forget a CUDA region: none can be registered yet, so this only checks it is allowed."""
+        """Forget the CUDA region ``name`` (every one when empty; an unknown name is not an
+        error). The client's memory stays open while a request still holds a copy or a view
+        of it, and is closed when the last one is done."""
         self._check_allowed()
+        with self._lock:
+            if not name:
+                self._cuda.clear()
+            else:
+                self._cuda.pop(name, None)
 
     def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
-        """The CUDA regions (none yet); NOT_FOUND for a ``name``."""
+        """Every CUDA region's (or one region's) name, device id and byte size. Raises
+        NOT_FOUND for an unknown ``name`` or a system region's."""
         self._check_allowed()
-        if name:
+        with self._lock:
+            if not name:
+                return [r.status() for r in sorted(self._cuda.values(), key=lambda r: r.name)]
+            region = self._cuda.get(name)
+            elsewhere = name in self._system
+        if elsewhere:
+            raise not_found(f"The region named '{name}' is registered as system shared memory, not CUDA "
+                            "shared memory")
+        if region is None:
             raise not_found(f"Unable to find cuda shared memory region: '{name}'")
-        return []
+        return [region.status()]
 
     # ---- tensors ---------------------------------------------------------------------------
 
-    def _view(self, region_name: str, offset: int, byte_size: int) -> memoryview:
+    def _region(self, region_name: str, offset: int, byte_size: int) -> SystemRegion | CudaRegion:
         with self._lock:
-            region = self._system.get(region_name)
+            region: SystemRegion | CudaRegion | None = self._system.get(region_name) or self._cuda.get(region_name)
         if region is None:
             raise not_found(f"Unable to find shared memory region: '{region_name}'")
         if offset < 0 or byte_size < 0 or offset + byte_size > region.byte_size:
             raise invalid_arg(f"Invalid offset + byte size for shared memory region: '{region_name}'")
-        start = region.offset + offset
-        return memoryview(region.mapping)[start:start + byte_size]
+        return region
 
     def input_view(self, region: str, offset: int, byte_size: int) -> memoryview:
-        """A read view of ``byte_size`` bytes at ``offset`` of ``region`` (no copy; it keeps the
-        mapping alive). Raises UNSUPPORTED when off, NOT_FOUND for an unknown region,
-        INVALID_ARG for a range beyond it."""
+        """A read view of ``byte_size`` bytes at ``offset`` of ``region``: of a system region's
+        mapping (no copy; it keeps the mapping alive), or of a :class:`DeviceCopy` of a CUDA
+        region's bytes (one copy to the host; it keeps the client's memory open). Raises
+        UNSUPPORTED when off, NOT_FOUND for an unknown region, INVALID_ARG for a range beyond
+        it, INTERNAL when CUDA refuses the copy."""
         self._check_allowed()
-        return self._view(region, offset, byte_size).toreadonly()
+        found = self._region(region, offset, byte_size)
+        if isinstance(found, SystemRegion):
+            start = found.offset + offset
+            return memoryview(found.mapping)[start:start + byte_size].toreadonly()
+        mapping = found.mapping
+        copy = DeviceCopy(byte_size)
+        copy.device_id, copy.pointer, copy.owner = mapping.device_id, mapping.pointer + offset, mapping
+        if byte_size:
+            copy.address = int(np.frombuffer(copy, np.uint8).ctypes.data)
+            open_runtime().copy(copy.address, copy.pointer, byte_size, mapping.device_id)
+        return memoryview(copy).toreadonly()
 
-    def output_view(self, region: str, offset: int, byte_size: int) -> memoryview:
-        """A writable view for an output (same checks as :meth:`input_view`)."""
+    def output_view(self, region: str, offset: int, byte_size: int) -> memoryview | DeviceWindow:
+        """Where an output is written (same checks as :meth:`input_view`): a writable view of
+        a system region, or a :class:`DeviceWindow` of a CUDA region (``window[:n] = blob``
+        copies to the device)."""
         self._check_allowed()
-        return self._view(region, offset, byte_size)
+        found = self._region(region, offset, byte_size)
+        if isinstance(found, SystemRegion):
+            start = found.offset + offset
+            return memoryview(found.mapping)[start:start + byte_size]
+        return DeviceWindow(open_runtime(), found.mapping, offset, byte_size)
 
     def check_outputs(self, outputs: dict[str, dict[str, Any]]) -> None:
         """Check the regions of outputs to be written (their requested parameters) before the
@@ -218,6 +293,7 @@ class SharedMemory:
         with self._lock:
             regions = list(self._system.values())
             self._system.clear()
+            self._cuda.clear()  # each handle closes when the last request holding it is done
         for region in regions:
             _close_when_unused(region.mapping)
 

@@ -9,9 +9,10 @@ import uuid
 import numpy as np
 import pytest
 
+from trident.errors import Code, TritonError
 from trident.protocol import kserve
 from trident.server.shared_memory import SharedMemory
-from trident.types import SharedRegionMapping, shared_region_of
+from trident.types import DeviceCopy, SharedRegionMapping, device_source_of, shared_region_of
 
 
 @pytest.fixture
@@ -94,3 +95,54 @@ print(len(registry.system_status()))
     registered, code, named = first.split()
     assert 1 <= int(registered) < 10 and code == "INTERNAL" and named == "True"
     assert second == "0"
+
+
+def test_a_host_copy_of_cuda_memory_names_where_it_came_from() -> None:
+    """What a GPU backend reads (trident.types.device_source_of): the device address of an
+    array's first element in the client's CUDA memory, through reshapes and slices along
+    axis 0; nothing for strided, empty, object or ordinary arrays, or without an owner."""
+    owner = object()
+    copy = DeviceCopy(64)
+    copy[:] = np.arange(16, dtype=np.float32).tobytes()
+    copy.device_id, copy.pointer, copy.owner = 1, 0x7F0000001000, owner
+    copy.address = int(np.frombuffer(copy, np.uint8).ctypes.data)
+    array = kserve.shm_array("IN", "FP32", (4, 4), 16, memoryview(copy).toreadonly(), "m")
+    assert array.tolist() == np.arange(16, dtype=np.float32).reshape(4, 4).tolist()
+    assert device_source_of(array) == (1, 0x7F0000001000, owner)
+    assert device_source_of(array[1:]) == (1, 0x7F0000001000 + 16, owner)
+    assert device_source_of(array.reshape(-1)[4:8]) == (1, 0x7F0000001000 + 16, owner)
+    assert device_source_of(array[:, 1]) is None  # strided: the backend copies the host bytes
+    assert device_source_of(array[:0]) is None
+    assert device_source_of(np.arange(4.0)) is None
+    assert device_source_of(np.frombuffer(bytearray(16), np.float32)) is None
+    orphan = DeviceCopy(16)
+    orphan.address = int(np.frombuffer(orphan, np.uint8).ctypes.data)
+    assert device_source_of(np.frombuffer(orphan, np.float32)) is None
+    assert shared_region_of(array) is None  # not a system region either
+
+
+def test_cuda_regions_on_a_host_without_cuda_are_unsupported_after_the_argument_checks() -> None:
+    registry = SharedMemory(allowed=True)
+    with pytest.raises(TritonError) as e:
+        registry.register_cuda("c", bytes(8), 0, 64)
+    assert e.value.code == Code.INVALID_ARG and e.value.message == "failed to register shared memory region: invalid args"
+    if device_count() == 0:
+        with pytest.raises(TritonError) as e:
+            registry.register_cuda("c", bytes(64), 0, 64)
+        assert e.value.code == Code.UNSUPPORTED and e.value.message.startswith("CUDA shared memory needs ")
+    assert registry.cuda_status() == []
+    with pytest.raises(TritonError) as e:
+        registry.cuda_status("c")
+    assert e.value.code == Code.NOT_FOUND
+    with pytest.raises(TritonError) as e:
+        SharedMemory(allowed=False).register_cuda("c", bytes(64), 0, 64)
+    assert e.value.code == Code.UNSUPPORTED and "--allow-client-shm" in e.value.message
+
+
+def device_count() -> int:
+    try:
+        import cuda.bindings.runtime as rt
+    except ImportError:
+        return 0
+    err, count = rt.cudaGetDeviceCount()
+    return int(count) if int(err) == 0 else 0

@@ -1,0 +1,402 @@
+"""CUDA shared memory (issue [13], item 3) with tritonclient.utils.cuda_shared_memory, over HTTP
+and gRPC, against a real server in another process (a CUDA IPC handle cannot be opened in the
+process that made it).
+
+The GPU tests need a CUDA device, cuda-python and torch with CUDA; on a host without them they
+are skipped with the reason "no GPU: ...". The last test is the other way round: on a host
+without a GPU, registration answers UNSUPPORTED naming what is missing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+import tritonclient.http.aio as httpaio
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor
+
+from tests.e2e.conftest import start_server
+from tests.e2e.models import DATATYPES, write_identity
+
+
+def _no_gpu() -> str | None:
+    """Why the GPU tests cannot run here, or None."""
+    try:
+        import cuda.bindings.runtime as rt
+    except ImportError:
+        return "no GPU: cuda-python is not installed"
+    err, count = rt.cudaGetDeviceCount()
+    if int(err) != 0 or not count:
+        return f"no GPU: the CUDA runtime reports {err.name if int(err) else 'no device'}"
+    try:
+        import torch
+    except ImportError:
+        return "no GPU: torch is not installed"
+    if not torch.cuda.is_available():
+        return "no GPU: torch has no CUDA"
+    return None
+
+
+NO_GPU = _no_gpu()
+gpu = pytest.mark.skipif(NO_GPU is not None, reason=NO_GPU or "")
+PROTOCOLS = ["http", "grpc"]
+_CLIENTS = {"http": httpclient, "grpc": grpcclient}
+_GRPC = {"400": "StatusCode.INVALID_ARGUMENT", "404": "StatusCode.NOT_FOUND", "409": "StatusCode.ALREADY_EXISTS",
+         "501": "StatusCode.UNIMPLEMENTED"}
+_REFUSED = "failed to register shared memory region: invalid args"
+
+# adds 1 to its input in place, then answers (input + 1) * 2: on a GPU instance the input is the
+# client's CUDA memory itself, so the client sees the change; on a CPU instance it is a host copy
+TORCH_CONFIG = '''
+name: "{name}"
+backend: "pytorch"
+max_batch_size: 8
+input [ {{ name: "INPUT__0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+instance_group [ {{ count: 1 kind: {kind} }} ]
+'''
+
+
+def _write_torch(repo: Path, name: str, kind: str) -> None:
+    import torch
+
+    class InPlace(torch.nn.Module):
+        def forward(self, INPUT__0: torch.Tensor) -> torch.Tensor:  # noqa: N803 (Triton's input name)
+            INPUT__0.add_(1.0)
+            return INPUT__0 * 2.0
+
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(TORCH_CONFIG.format(name=name, kind=kind))
+    torch.jit.script(InPlace()).save(str(repo / name / "1" / "model.pt"))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    if NO_GPU is not None:
+        pytest.skip(NO_GPU)
+    from trident.options import EXAMPLE_REPOSITORY
+
+    repo: Path = tmp_path_factory.mktemp("cudashm")
+    for dt in DATATYPES:
+        write_identity(repo, dt)
+    shutil.copytree(EXAMPLE_REPOSITORY / "add_sub", repo / "add_sub")
+    _write_torch(repo, "torch_gpu", "KIND_GPU")
+    _write_torch(repo, "torch_cpu", "KIND_CPU")
+    s = start_server("--allow-client-shm=true", repo=repo, timeout=180.0)
+    yield s
+    s.stop()
+
+
+class CudaRegions:
+    """CUDA allocations made for one test (tritonclient's helper), freed at its end."""
+
+    def __init__(self) -> None:
+        import tritonclient.utils.cuda_shared_memory as cudashm
+
+        self.cudashm = cudashm
+        self.made: list[object] = []
+
+    def make(self, size: int, data: np.ndarray | None = None) -> tuple[object, bytes]:
+        handle = self.cudashm.create_shared_memory_region(f"t{uuid.uuid4().hex[:8]}", size, 0)
+        self.made.append(handle)
+        if data is not None:
+            self.cudashm.set_shared_memory_region(handle, [data])
+        return handle, self.cudashm.get_raw_handle(handle)
+
+    def read(self, handle: object, dtype: type, shape: list[int]) -> np.ndarray:
+        return self.cudashm.get_contents_as_numpy(handle, dtype, shape)
+
+    def close(self) -> None:
+        for handle in self.made:
+            self.cudashm.destroy_shared_memory_region(handle)
+
+
+@pytest.fixture
+def cuda_regions():
+    r = CudaRegions()
+    yield r
+    r.close()
+
+
+def _client(server, protocol: str):
+    return (httpclient.InferenceServerClient(server.http_url) if protocol == "http"
+            else grpcclient.InferenceServerClient(server.grpc_url))
+
+
+def _error(call) -> tuple[str, str]:
+    with pytest.raises(InferenceServerException) as e:
+        call()
+    return str(e.value.status()), e.value.message()
+
+
+def _sample(dt: str) -> np.ndarray:
+    if dt == "BYTES":
+        return np.array([[b"a", b"\xff\x00bc"], [b"", "é".encode()]], dtype=object)
+    if dt == "BOOL":
+        return np.array([[True, False], [False, True]])
+    if dt == "BF16":
+        return np.array([[0x3F80, 0x4000], [0xBF80, 0]], dtype=np.uint16)
+    np_dt = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}.get(dt) or np.dtype(dt.lower())
+    return np.arange(4).reshape(2, 2).astype(np_dt)
+
+
+def _raw(array: np.ndarray, dt: str) -> bytes:
+    return serialize_byte_tensor(array).item() if dt == "BYTES" else array.tobytes()
+
+
+@gpu
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("dt", DATATYPES)
+def test_every_datatype_in_and_out_of_cuda_shared_memory(server, cuda_regions, protocol: str, dt: str) -> None:
+    x = _sample(dt)
+    data = _raw(x, dt)
+    in_handle, in_raw = cuda_regions.make(len(data), np.frombuffer(data, np.uint8))
+    out_handle, out_raw = cuda_regions.make(len(data))
+    mod = _CLIENTS[protocol]
+    model = f"identity_{dt.lower()}"
+    tag = uuid.uuid4().hex[:8]
+    with _client(server, protocol) as c:
+        c.register_cuda_shared_memory(f"in{tag}", in_raw, 0, len(data))
+        c.register_cuda_shared_memory(f"out{tag}", out_raw, 0, len(data))
+        try:
+            inp = mod.InferInput("INPUT0", list(x.shape), dt)
+            inp.set_shared_memory(f"in{tag}", len(data))
+            out = mod.InferRequestedOutput("OUTPUT0")
+            out.set_shared_memory(f"out{tag}", len(data))
+            result = c.infer(model, [inp], outputs=[out])  # both in CUDA shared memory
+            entry = result.get_output("OUTPUT0")
+            assert entry is not None
+            assert bytes(cuda_regions.read(out_handle, np.uint8, [len(data)])) == data
+            only_in = c.infer(model, [inp]).as_numpy("OUTPUT0")  # the output comes back in the response
+            if dt == "BF16":
+                only_in = only_in.view(np.uint16)
+            np.testing.assert_array_equal(only_in, x)
+        finally:
+            c.unregister_cuda_shared_memory(f"in{tag}")
+            c.unregister_cuda_shared_memory(f"out{tag}")
+
+
+@gpu
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_registry_answers_as_triton(server, cuda_regions, protocol: str, tmp_path: Path) -> None:
+    x = np.arange(16, dtype=np.float32)
+    handle, raw = cuda_regions.make(x.nbytes, x)
+    _, small_raw = cuda_regions.make(64)
+    tag = uuid.uuid4().hex[:8]
+    name = f"c{tag}"
+    key = f"/trident_cudatest_{tag}"
+    sys_handle = shm.create_shared_memory_region(key[1:], key, 64)
+    mod = _CLIENTS[protocol]
+    with _client(server, protocol) as c:
+        c.register_cuda_shared_memory(name, raw, 0, x.nbytes)
+        c.register_system_shared_memory(f"s{tag}", key, 64)
+        try:
+            for call, code, text in (
+                    (lambda: c.register_cuda_shared_memory(name, raw, 0, x.nbytes), "409",
+                     f"shared memory region '{name}' already in manager"),
+                    (lambda: c.register_system_shared_memory(name, key, 64), "409",  # one namespace
+                     f"shared memory region '{name}' already in manager"),
+                    (lambda: c.register_cuda_shared_memory(f"s{tag}", raw, 0, x.nbytes), "409",
+                     f"shared memory region 's{tag}' already in manager"),
+                    (lambda: c.register_cuda_shared_memory(f"g{tag}", _garbage_handle(), 0, 64), "400", _REFUSED),
+                    (lambda: c.register_cuda_shared_memory(f"d{tag}", raw, 99, x.nbytes), "400", _REFUSED),
+                    (lambda: c.register_cuda_shared_memory(f"b{tag}", small_raw, 0, 1 << 20), "400",  # beyond it
+                     f"failed to register shared memory region 'b{tag}': invalid args"),
+                    (lambda: c.get_cuda_shared_memory_status("nope"), "404",
+                     "Unable to find cuda shared memory region: 'nope'"),
+                    (lambda: c.get_cuda_shared_memory_status(f"s{tag}"), "404",
+                     f"The region named 's{tag}' is registered as system shared memory, not CUDA shared memory"),
+                    (lambda: c.get_system_shared_memory_status(name), "404",
+                     f"The region named '{name}' is registered as CUDA shared memory, not system shared memory")):
+                got_status, got_message = _error(call)
+                assert got_message == text
+                # ALREADY_EXISTS is 400 over HTTP, as in Triton
+                assert got_status == ({"409": "400"}.get(code, code) if protocol == "http" else _GRPC[code])
+            one = c.get_cuda_shared_memory_status(name)
+            if protocol == "http":
+                assert one == [{"name": name, "device_id": 0, "byte_size": x.nbytes}]
+                assert name in [r["name"] for r in c.get_cuda_shared_memory_status()]
+            else:
+                assert one.regions[name].device_id == 0 and one.regions[name].byte_size == x.nbytes
+                assert name in c.get_cuda_shared_memory_status().regions
+            # bad tensors: a range beyond the region, a byte size that does not fit the shape
+            inp = mod.InferInput("INPUT0", [16], "FP32")
+            inp.set_shared_memory(name, x.nbytes, offset=8)
+            assert "Invalid offset + byte size for shared memory region" in _error(
+                lambda: c.infer("identity_fp32", [inp]))[1]
+            inp = mod.InferInput("INPUT0", [16], "FP32")
+            inp.set_shared_memory(name, 32)
+            assert "input byte size mismatch for input 'INPUT0'" in _error(lambda: c.infer("identity_fp32", [inp]))[1]
+            out = mod.InferRequestedOutput("OUTPUT0")
+            out.set_shared_memory(name, 16)  # too small for the output: the region is left untouched
+            inp = mod.InferInput("INPUT0", [16], "FP32")
+            inp.set_data_from_numpy(np.full(16, 7, np.float32))
+            _error(lambda: c.infer("identity_fp32", [inp], outputs=[out]))
+            np.testing.assert_array_equal(cuda_regions.read(handle, np.float32, [16]), x)
+            c.unregister_cuda_shared_memory("not_registered")  # as Triton: OK
+            c.unregister_cuda_shared_memory(name)
+            assert "Unable to find cuda shared memory region" in _error(
+                lambda: c.get_cuda_shared_memory_status(name))[1]
+            assert c.is_server_live()
+        finally:
+            c.unregister_cuda_shared_memory()
+            c.unregister_system_shared_memory()
+            shm.destroy_shared_memory_region(sys_handle)
+
+
+def _garbage_handle() -> bytes:
+    import base64
+
+    return base64.b64encode(bytes(range(64)))
+
+
+@gpu
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_gpu_model_reads_the_client_memory_and_a_cpu_model_a_copy(server, cuda_regions, protocol: str) -> None:
+    n = 256 * 1024  # 1 MiB of FP32
+    x = np.arange(n, dtype=np.float32)
+    mod = _CLIENTS[protocol]
+    tag = uuid.uuid4().hex[:8]
+    with _client(server, protocol) as c:
+        for model, changed in (("torch_gpu", True), ("torch_cpu", False)):
+            in_handle, in_raw = cuda_regions.make(x.nbytes, x)
+            out_handle, out_raw = cuda_regions.make(x.nbytes)
+            c.register_cuda_shared_memory(f"i{model}{tag}", in_raw, 0, x.nbytes)
+            c.register_cuda_shared_memory(f"o{model}{tag}", out_raw, 0, x.nbytes)
+            inp = mod.InferInput("INPUT__0", [1, n], "FP32")
+            inp.set_shared_memory(f"i{model}{tag}", x.nbytes)
+            out = mod.InferRequestedOutput("OUTPUT__0")
+            out.set_shared_memory(f"o{model}{tag}", x.nbytes)
+            c.infer(model, [inp], outputs=[out])
+            np.testing.assert_array_equal(cuda_regions.read(out_handle, np.float32, [n]), (x + 1) * 2)
+            seen = cuda_regions.read(in_handle, np.float32, [n])
+            np.testing.assert_array_equal(seen, x + 1 if changed else x)
+            c.unregister_cuda_shared_memory(f"i{model}{tag}")
+            c.unregister_cuda_shared_memory(f"o{model}{tag}")
+
+
+@gpu
+def test_cuda_system_and_request_tensors_mixed_over_many_regions(server, cuda_regions) -> None:
+    tag = uuid.uuid4().hex[:8]
+    key = f"/trident_cudamix_{tag}"
+    sys_handle = shm.create_shared_memory_region(key[1:], key, 64 * 20)
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        try:
+            out_handle, out_raw = cuda_regions.make(64)
+            c.register_cuda_shared_memory(f"out{tag}", out_raw, 0, 64)
+            c.register_system_shared_memory(f"sys{tag}", key, 64 * 20)
+            for i in range(20):
+                a = np.full(16, i, np.float32)
+                b = np.arange(16, dtype=np.float32)
+                _, raw = cuda_regions.make(64, a)
+                c.register_cuda_shared_memory(f"a{i}{tag}", raw, 0, 64)
+                shm.set_shared_memory_region(sys_handle, [b], offset=64 * i)
+                in0 = grpcclient.InferInput("INPUT0", [16], "FP32")
+                in0.set_shared_memory(f"a{i}{tag}", 64)
+                in1 = grpcclient.InferInput("INPUT1", [16], "FP32")
+                in1.set_shared_memory(f"sys{tag}", 64, offset=64 * i)
+                o0 = grpcclient.InferRequestedOutput("OUTPUT0")
+                o0.set_shared_memory(f"out{tag}", 64)  # reused by every request
+                result = c.infer("add_sub", [in0, in1], outputs=[o0, grpcclient.InferRequestedOutput("OUTPUT1")])
+                np.testing.assert_array_equal(cuda_regions.read(out_handle, np.float32, [16]), a + b)
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+            assert len(c.get_cuda_shared_memory_status().regions) >= 21
+        finally:
+            c.unregister_cuda_shared_memory()
+            c.unregister_system_shared_memory()
+            shm.destroy_shared_memory_region(sys_handle)
+
+
+@gpu
+def test_unregister_while_requests_read_the_region(server, cuda_regions) -> None:
+    """Unregistering forgets the name at once; a request already holding the client's memory
+    keeps it open until it is done (no crash, the right answers)."""
+    n = 1024 * 1024
+    x = np.arange(n, dtype=np.float32)
+    _, raw = cuda_regions.make(x.nbytes, x)
+    tag = uuid.uuid4().hex[:8]
+    errors: list[BaseException] = []
+    answered = []
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        c.register_cuda_shared_memory(f"big{tag}", raw, 0, x.nbytes)
+
+        def loop() -> None:
+            try:
+                with grpcclient.InferenceServerClient(server.grpc_url) as c2:
+                    for _ in range(30):
+                        inp = grpcclient.InferInput("INPUT0", [1024, 1024], "FP32")
+                        inp.set_shared_memory(f"big{tag}", x.nbytes)
+                        try:
+                            got = c2.infer("identity_fp32", [inp]).as_numpy("OUTPUT0")
+                        except InferenceServerException as e:
+                            assert "Unable to find shared memory region" in e.message()
+                            continue
+                        assert got[1023, 1023] == x[-1]
+                        answered.append(1)
+            except BaseException as e:  # reported below
+                errors.append(e)
+
+        t = threading.Thread(target=loop)
+        t.start()
+        while not answered and t.is_alive():
+            threading.Event().wait(0.01)
+        c.unregister_cuda_shared_memory(f"big{tag}")
+        t.join(60)
+        assert not errors, errors
+        assert answered and c.is_server_live()
+
+
+@gpu
+def test_aio_clients(server, cuda_regions) -> None:
+    import asyncio
+
+    x = np.arange(16, dtype=np.float32)
+    _, raw = cuda_regions.make(64, x)
+    tag = uuid.uuid4().hex[:8]
+
+    async def main() -> None:
+        for mod, url in ((httpaio, server.http_url), (grpcaio, server.grpc_url)):
+            c = mod.InferenceServerClient(url)
+            try:
+                await c.register_cuda_shared_memory(f"a{tag}", raw, 0, 64)
+                inp = (httpclient if mod is httpaio else grpcclient).InferInput("INPUT0", [4, 4], "FP32")
+                inp.set_shared_memory(f"a{tag}", 64)
+                result = await c.infer("identity_fp32", [inp])
+                assert result.as_numpy("OUTPUT0").reshape(-1).tolist() == list(range(16))
+                await c.unregister_cuda_shared_memory(f"a{tag}")
+            finally:
+                await c.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(NO_GPU is None, reason="this host has a GPU: the GPU tests above cover registration")
+def test_without_a_gpu_registration_names_what_is_missing(tmp_path: Path) -> None:
+    write_identity(tmp_path, "FP32")
+    s = start_server("--allow-client-shm=true", repo=tmp_path)
+    try:
+        import base64
+
+        raw = base64.b64encode(bytes(64))
+        with httpclient.InferenceServerClient(s.http_url) as c:
+            status, text = _error(lambda: c.register_cuda_shared_memory("r", raw, 0, 64))
+            assert status == "501" and text.startswith("CUDA shared memory needs "), text
+            assert c.get_cuda_shared_memory_status() == []
+            c.unregister_cuda_shared_memory()
+            status, text = _error(lambda: c.register_cuda_shared_memory("r", base64.b64encode(bytes(8)), 0, 64))
+            assert status == "400" and text == _REFUSED  # a malformed handle first, as Triton
+        with grpcclient.InferenceServerClient(s.grpc_url) as c:
+            status, text = _error(lambda: c.register_cuda_shared_memory("r", raw, 0, 64))
+            assert status == "StatusCode.UNIMPLEMENTED" and text.startswith("CUDA shared memory needs "), text
+            assert not c.get_cuda_shared_memory_status().regions
+            assert c.is_server_live()
+    finally:
+        s.stop()
