@@ -313,7 +313,7 @@ def _buffer_under(array: np.ndarray) -> Any:
     if array.dtype.hasobject or not array.flags.c_contiguous or array.nbytes == 0:
         return None
     base: Any = array.base
-    while isinstance(base, np.ndarray):
+    while isinstance(base, np.ndarray) and not isinstance(base, DeviceCopy):
         base = base.base
     if isinstance(base, memoryview):
         base = base.obj
@@ -333,20 +333,30 @@ def shared_region_of(array: np.ndarray) -> tuple[SharedRegionMapping, int] | Non
     return base, offset
 
 
-class DeviceCopy(bytearray):
-    """The host copy of a range of a client's CUDA shared-memory region, made by
+class DeviceCopy(np.ndarray):
+    """The host copy of a range of a client's CUDA shared-memory region (bytes, uint8), made by
     :mod:`trident.server.shared_memory` for an input: every part of the server reads it as
     bytes, and a backend whose model runs on the same GPU can find, with
     :func:`device_source_of`, the device memory it came from and read that instead (no copy
     back to the device). ``device_id`` and ``pointer`` (the device address of byte 0) say where
-    it came from, ``owner`` keeps the client's memory open while anything holds this copy, and
-    ``address`` is where the copy starts in host memory.
+    it came from, and ``owner`` keeps the client's memory open while anything holds this copy.
+    Made by :meth:`allocate` (not zero-filled: the caller fills it).
     """
 
-    device_id = -1
-    pointer = 0
-    address = 0
-    owner: Any = None
+    device_id: int
+    pointer: int
+    owner: Any
+
+    @classmethod
+    def allocate(cls, nbytes: int, device_id: int, pointer: int, owner: Any) -> DeviceCopy:
+        copy = np.empty(nbytes, np.uint8).view(cls)
+        copy.device_id, copy.pointer, copy.owner = device_id, pointer, owner
+        return copy
+
+    @property
+    def address(self) -> int:
+        """Where the copy starts in host memory."""
+        return int(self.__array_interface__["data"][0])
 
 
 def device_source_of(array: np.ndarray) -> tuple[int, int, Any] | None:
@@ -354,9 +364,9 @@ def device_source_of(array: np.ndarray) -> tuple[int, int, Any] | None:
     a :class:`DeviceCopy` (an input read from CUDA shared memory), else None (also for BYTES,
     strided or empty arrays). Keep ``owner`` referenced while the device memory is in use."""
     base = _buffer_under(array)
-    if not isinstance(base, DeviceCopy) or base.owner is None:
+    if not isinstance(base, DeviceCopy) or getattr(base, "owner", None) is None:
         return None
     offset = int(array.__array_interface__["data"][0]) - base.address
-    if offset < 0 or offset + array.nbytes > len(base):
+    if offset < 0 or offset + array.nbytes > base.nbytes:
         return None
     return base.device_id, base.pointer + offset, base.owner

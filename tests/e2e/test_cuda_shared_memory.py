@@ -10,6 +10,8 @@ without a GPU, registration answers UNSUPPORTED naming what is missing.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -299,15 +301,15 @@ def test_cuda_system_and_request_tensors_mixed_over_many_regions(server, cuda_re
                 _, raw = cuda_regions.make(64, a)
                 c.register_cuda_shared_memory(f"a{i}{tag}", raw, 0, 64)
                 shm.set_shared_memory_region(sys_handle, [b], offset=64 * i)
-                in0 = grpcclient.InferInput("INPUT0", [16], "FP32")
+                in0 = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
                 in0.set_shared_memory(f"a{i}{tag}", 64)
-                in1 = grpcclient.InferInput("INPUT1", [16], "FP32")
+                in1 = grpcclient.InferInput("INPUT1", [1, 16], "FP32")
                 in1.set_shared_memory(f"sys{tag}", 64, offset=64 * i)
                 o0 = grpcclient.InferRequestedOutput("OUTPUT0")
                 o0.set_shared_memory(f"out{tag}", 64)  # reused by every request
                 result = c.infer("add_sub", [in0, in1], outputs=[o0, grpcclient.InferRequestedOutput("OUTPUT1")])
                 np.testing.assert_array_equal(cuda_regions.read(out_handle, np.float32, [16]), a + b)
-                np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT1").reshape(-1), a - b)
             assert len(c.get_cuda_shared_memory_status().regions) >= 21
         finally:
             c.unregister_cuda_shared_memory()
@@ -376,6 +378,21 @@ def test_aio_clients(server, cuda_regions) -> None:
                 await c.close()
 
     asyncio.run(main())
+
+
+@gpu
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_trident_perf_with_cuda_shared_memory(server, protocol: str) -> None:
+    url = server.http_url if protocol == "http" else server.grpc_url
+    p = subprocess.run([sys.executable, "-m", "trident", "perf", "-m", "identity_fp32", "-i", protocol, "-u", url,
+                        "--shape", "INPUT0:4,4", "--shared-memory", "cuda", "-p", "200", "-r", "3", "-s", "1000"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "Using cuda shared memory" in p.stdout and "Throughput" in p.stdout
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:  # perf unregistered its regions
+        assert not [n for n in c.get_cuda_shared_memory_status().regions if n.startswith("trident_perf_")]
+        stats = c.get_inference_statistics("identity_fp32", as_json=True)["model_stats"][0]["inference_stats"]
+        assert int(stats["success"]["count"]) > 0 and int(stats.get("fail", {}).get("count", 0)) == 0
 
 
 @pytest.mark.skipif(NO_GPU is None, reason="this host has a GPU: the GPU tests above cover registration")

@@ -174,6 +174,11 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("case", ["unknown model", "bad shape", "unreachable", "unreachable grpc", "unsupported",
                                   "cuda", "bad data file", "batch too large"])
 def test_bad_input_is_a_one_line_error(server: RunningServer, tmp_path: Path, case: str):
+    if case == "cuda":
+        from tests.e2e.test_cuda_shared_memory import NO_GPU
+
+        if NO_GPU is None:
+            pytest.skip("this host has a GPU: test_cuda_shared_memory.py runs perf with CUDA shared memory")
     bad = tmp_path / "bad.json"
     bad.write_text("{\"data\": [}")
     args = {
@@ -191,7 +196,7 @@ def test_bad_input_is_a_one_line_error(server: RunningServer, tmp_path: Path, ca
     assert p.stderr.startswith("trident perf: error: ") and p.stderr.count("\n") == 1, p.stderr
     expected = {"unknown model": "nope", "bad shape": "does not match", "unreachable": "cannot reach",
                 "unreachable grpc": "cannot reach", "unsupported": "UNSUPPORTED: --binary-search",
-                "cuda": "UNSUPPORTED", "bad data file": "not valid JSON", "batch too large": "max_batch_size"}[case]
+                "cuda": "UNSUPPORTED: --shared-memory=cuda: CUDA shared memory needs ", "bad data file": "not valid JSON", "batch too large": "max_batch_size"}[case]
     assert expected in p.stderr
 
 

@@ -9,6 +9,7 @@ one-line message (unreachable server, unknown model, an error the server returne
 from __future__ import annotations
 
 import abc
+import base64
 import json
 import socket
 import time
@@ -64,6 +65,12 @@ class Control(abc.ABC):
     @abc.abstractmethod
     def unregister_system_shm(self, name: str) -> None: ...
 
+    @abc.abstractmethod
+    def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int, size: int) -> None: ...
+
+    @abc.abstractmethod
+    def unregister_cuda_shm(self, name: str) -> None: ...
+
     def close(self) -> None:  # noqa: B027 - optional hook: an HTTP control holds no connection
         """Release the connection (the gRPC control's)."""
 
@@ -114,6 +121,14 @@ class HTTPControl(Control):
 
     def unregister_system_shm(self, name: str) -> None:
         self._call(f"/v2/systemsharedmemory/region/{name}/unregister", {})
+
+    def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int, size: int) -> None:
+        self._call(f"/v2/cudasharedmemory/region/{name}/register",
+                   {"raw_handle": {"b64": base64.b64encode(raw_handle).decode()}, "device_id": device_id,
+                    "byte_size": size})
+
+    def unregister_cuda_shm(self, name: str) -> None:
+        self._call(f"/v2/cudasharedmemory/region/{name}/unregister", {})
 
 
 class GRPCControl(Control):
@@ -181,6 +196,13 @@ class GRPCControl(Control):
 
     def unregister_system_shm(self, name: str) -> None:
         self._call("SystemSharedMemoryUnregister", _field(1, name.encode()))
+
+    def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int, size: int) -> None:
+        self._call("CudaSharedMemoryRegister", _field(1, name.encode()) + _field(2, raw_handle)
+                   + _varint(3 << 3) + _varint(device_id) + _varint(4 << 3) + _varint(size))
+
+    def unregister_cuda_shm(self, name: str) -> None:
+        self._call("CudaSharedMemoryUnregister", _field(1, name.encode()))
 
     def close(self) -> None:
         self.sock.close()

@@ -85,6 +85,60 @@ class _Workers:
             pipe.close()
 
 
+def _cuda_shared_memory(o: PerfOptions, control: Control, info: ModelInfo, variants: list[list[Tensor]]
+                        ) -> tuple[list[list[Tensor]], dict[str, tuple[str, int, int]], Callable[[], None]]:
+    """CUDA shared memory on device 0 for inputs and outputs (as ``--shared-memory system``):
+    allocations made, filled, registered. Raises PerfError when this host has no CUDA."""
+    import numpy as np
+
+    from trident.errors import TritonError
+    from trident.server.cuda_ipc import open_runtime
+
+    try:
+        runtime = open_runtime()
+    except TritonError as e:
+        raise PerfError(f"UNSUPPORTED: --shared-memory=cuda: {e.message}") from None
+    tag = f"trident_perf_{os.getpid()}"
+    total = sum(len(t.data) for v in variants for t in v) or 1
+    made: list[tuple[str, int]] = []
+
+    def cleanup() -> None:
+        for name, pointer in made:
+            try:
+                control.unregister_cuda_shm(name)
+            except PerfError:
+                pass
+            runtime.free(pointer, 0)
+
+    try:
+        pointer, handle = runtime.allocate(total, 0)
+        made.append((tag + "_in", pointer))
+        offset = 0
+        out_variants = []
+        for v in variants:
+            refs = []
+            for t in v:
+                host = np.frombuffer(t.data, np.uint8)
+                runtime.copy(pointer + offset, int(host.ctypes.data), len(t.data), 0)
+                refs.append(Tensor(t.name, t.datatype, t.shape, b"", (tag + "_in", offset, len(t.data))))
+                offset += len(t.data)
+            out_variants.append(refs)
+        control.register_cuda_shm(tag + "_in", handle, 0, total)
+        size = o.output_shm_size * max(1, len(info.outputs))
+        pointer, handle = runtime.allocate(size, 0)
+        made.append((tag + "_out", pointer))
+        control.register_cuda_shm(tag + "_out", handle, 0, size)
+        out_refs = {name: (tag + "_out", i * o.output_shm_size, o.output_shm_size)
+                    for i, name in enumerate(info.outputs)}
+    except TritonError as e:
+        cleanup()
+        raise PerfError(f"--shared-memory=cuda: {e.message}") from None
+    except BaseException:
+        cleanup()
+        raise
+    return out_variants, out_refs, cleanup
+
+
 def _shared_memory(o: PerfOptions, control: Control, info: ModelInfo, variants: list[list[Tensor]]
                    ) -> tuple[list[list[Tensor]], dict[str, tuple[str, int, int]], Callable[[], None]]:
     """System shared memory for inputs and outputs: regions created, filled, registered.
@@ -151,6 +205,8 @@ def run_perf(o: PerfOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr)
         output_shm: dict[str, tuple[str, int, int]] = {}
         if o.shared_memory == "system":
             variants, output_shm, cleanup = _shared_memory(o, control, info, variants)
+        elif o.shared_memory == "cuda":
+            variants, output_shm, cleanup = _cuda_shared_memory(o, control, info, variants)
         host = o.url.split("://", 1)[-1]
         hostname, _, port = host.rpartition(":")
         params: dict[str, object] = {"triton_enable_empty_final_response": True} if o.streaming else {}

@@ -71,6 +71,12 @@ class _InProcessControl(Control):
     def unregister_system_shm(self, name: str) -> None:
         raise PerfError("--shared-memory does not apply to --in-process (there is no transport)")
 
+    def register_cuda_shm(self, name: str, raw_handle: bytes, device_id: int, size: int) -> None:
+        raise PerfError("--shared-memory does not apply to --in-process (there is no transport)")
+
+    def unregister_cuda_shm(self, name: str) -> None:
+        raise PerfError("--shared-memory does not apply to --in-process (there is no transport)")
+
 
 class _InProcessLoad:
     """The worker-process interface of the engine (``procs``, ``pipes``, ``seen_ns``,

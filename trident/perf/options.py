@@ -195,8 +195,6 @@ def perf_options(args: argparse.Namespace) -> PerfOptions:
         o.url = "localhost:8001" if o.protocol == "grpc" else "localhost:8000"
     if o.streaming and o.protocol != "grpc":
         raise PerfError("--streaming needs -i grpc")
-    if o.shared_memory == "cuda":
-        raise PerfError("UNSUPPORTED: --shared-memory=cuda: no CUDA device is used by trident perf (use system)")
     if o.measurement_interval_ms <= 0 or o.measurement_interval_ms > 3_600_000:
         raise PerfError("--measurement-interval must be between 1 and 3600000 ms")
     if o.measurement_request_count <= 0:

@@ -45,6 +45,7 @@ class CudaRuntime:
         self.device_count = int(count)
         self._lock = threading.Lock()
         self._collected = -1e9  # when a failed open last ran the garbage collector
+        self._streams: dict[int, Any] = {}  # one non-blocking stream per device, for the copies
 
     def error_text(self, err: Any) -> str:
         text = self.rt.cudaGetErrorString(err)[1]
@@ -104,14 +105,46 @@ class CudaRuntime:
         except TritonError:  # closing at exit with the driver gone: nothing left to release
             pass
 
+    def allocate(self, nbytes: int, device_id: int) -> tuple[int, bytes]:
+        """Device memory for a client (``trident perf --shared-memory cuda``): its address and
+        the cudaIpcMemHandle that lets a server open it. Free it with :meth:`free`. Raises
+        INTERNAL when CUDA refuses."""
+        self.select(device_id)
+        pointer = int(self._check(self.rt.cudaMalloc(nbytes), f"unable to allocate {nbytes} bytes on CUDA device "
+                                                               f"{device_id}"))
+        try:
+            handle = self._check(self.rt.cudaIpcGetMemHandle(pointer), "unable to export CUDA memory")
+        except TritonError:
+            self.free(pointer, device_id)
+            raise
+        return pointer, bytes((ctypes.c_char * CUDA_IPC_HANDLE_SIZE).from_address(handle.getPtr()))
+
+    def free(self, pointer: int, device_id: int) -> None:
+        self.select(device_id)
+        self.rt.cudaFree(pointer)
+
+    def _stream(self, device_id: int) -> Any:
+        with self._lock:
+            stream = self._streams.get(device_id)
+            if stream is None:
+                stream = self._check(self.rt.cudaStreamCreateWithFlags(self.rt.cudaStreamNonBlocking),
+                                     f"unable to create a CUDA stream on device {device_id}")
+                self._streams[device_id] = stream
+            return stream
+
     def copy(self, dst: int, src: int, nbytes: int, device_id: int) -> None:
         """Copy ``nbytes`` from address ``src`` to ``dst`` (either on the host or the device:
-        unified addressing tells them apart). Raises INTERNAL when the runtime refuses."""
+        unified addressing tells them apart) and wait until the bytes have arrived: a plain
+        ``cudaMemcpy`` from pageable host memory may return before its DMA to the device is
+        done, and another process (the client) reads the destination next. Raises INTERNAL
+        when the runtime refuses."""
         if nbytes <= 0:
             return
         self.select(device_id)
-        self._check(self.rt.cudaMemcpy(dst, src, nbytes, self.rt.cudaMemcpyKind.cudaMemcpyDefault),
+        stream = self._stream(device_id)
+        self._check(self.rt.cudaMemcpyAsync(dst, src, nbytes, self.rt.cudaMemcpyKind.cudaMemcpyDefault, stream),
                     "unable to copy to or from CUDA shared memory")
+        self._check(self.rt.cudaStreamSynchronize(stream), "unable to copy to or from CUDA shared memory")
 
 
 _runtime: CudaRuntime | None = None

@@ -41,8 +41,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from trident.errors import Code, TritonError, internal, invalid_arg, not_found, unsupported
 from trident.protocol.kserve import shm_parameters
 from trident.server.cuda_ipc import CUDA_IPC_HANDLE_SIZE, CudaMapping, DeviceWindow, open_runtime
@@ -264,12 +262,9 @@ class SharedMemory:
             start = found.offset + offset
             return memoryview(found.mapping)[start:start + byte_size].toreadonly()
         mapping = found.mapping
-        copy = DeviceCopy(byte_size)
-        copy.device_id, copy.pointer, copy.owner = mapping.device_id, mapping.pointer + offset, mapping
-        if byte_size:
-            copy.address = int(np.frombuffer(copy, np.uint8).ctypes.data)
-            open_runtime().copy(copy.address, copy.pointer, byte_size, mapping.device_id)
-        return memoryview(copy).toreadonly()
+        copy = DeviceCopy.allocate(byte_size, mapping.device_id, mapping.pointer + offset, mapping)
+        open_runtime().copy(copy.address, copy.pointer, byte_size, mapping.device_id)
+        return copy.data.toreadonly()
 
     def output_view(self, region: str, offset: int, byte_size: int) -> memoryview | DeviceWindow:
         """Where an output is written (same checks as :meth:`input_view`): a writable view of

@@ -96,7 +96,6 @@ def test_flags_and_defaults():
 @pytest.mark.parametrize("argv, message", [
     (["--binary-search"], "UNSUPPORTED: --binary-search"),
     (["--sequence-length", "4"], "UNSUPPORTED: --sequence-length"),
-    (["--shared-memory", "cuda"], "UNSUPPORTED: --shared-memory=cuda"),
     (["--streaming"], "needs -i grpc"),
     (["--concurrency-range", "0:4"], "start and step must be positive"),
     (["--concurrency-range", "a"], "integers"),

@@ -102,11 +102,9 @@ def test_a_host_copy_of_cuda_memory_names_where_it_came_from() -> None:
     array's first element in the client's CUDA memory, through reshapes and slices along
     axis 0; nothing for strided, empty, object or ordinary arrays, or without an owner."""
     owner = object()
-    copy = DeviceCopy(64)
-    copy[:] = np.arange(16, dtype=np.float32).tobytes()
-    copy.device_id, copy.pointer, copy.owner = 1, 0x7F0000001000, owner
-    copy.address = int(np.frombuffer(copy, np.uint8).ctypes.data)
-    array = kserve.shm_array("IN", "FP32", (4, 4), 16, memoryview(copy).toreadonly(), "m")
+    copy = DeviceCopy.allocate(64, 1, 0x7F0000001000, owner)
+    copy[:] = np.frombuffer(np.arange(16, dtype=np.float32).tobytes(), np.uint8)
+    array = kserve.shm_array("IN", "FP32", (4, 4), 16, copy.data.toreadonly(), "m")
     assert array.tolist() == np.arange(16, dtype=np.float32).reshape(4, 4).tolist()
     assert device_source_of(array) == (1, 0x7F0000001000, owner)
     assert device_source_of(array[1:]) == (1, 0x7F0000001000 + 16, owner)
@@ -115,8 +113,7 @@ def test_a_host_copy_of_cuda_memory_names_where_it_came_from() -> None:
     assert device_source_of(array[:0]) is None
     assert device_source_of(np.arange(4.0)) is None
     assert device_source_of(np.frombuffer(bytearray(16), np.float32)) is None
-    orphan = DeviceCopy(16)
-    orphan.address = int(np.frombuffer(orphan, np.uint8).ctypes.data)
+    orphan = DeviceCopy.allocate(16, 0, 0x7F0000001000, None)
     assert device_source_of(np.frombuffer(orphan, np.float32)) is None
     assert shared_region_of(array) is None  # not a system region either
 
