@@ -750,9 +750,31 @@ def encode_infer_response(
     return [*pieces, *blobs], sum(len(p) for p in pieces)
 
 
-def response_is_large(response: InferenceResponse) -> bool:
-    """Whether encoding ``response`` may take long (a caller moves it off its loop)."""
-    return sum(t.data.nbytes for t in response.outputs if isinstance(t.data, np.ndarray)) >= LARGE_JSON
+SHM_COPY_LARGE = 4 << 20  # output bytes written into shared-memory regions from which a caller offloads
+
+
+def response_is_large(response: InferenceResponse, requested: Sequence[RequestedOutput] = (),
+                      binary_default: bool = False, compressed: bool = False) -> bool:
+    """Whether encoding ``response`` (as :func:`encode_infer_response` would, for ``requested``
+    and ``binary_default``) may take long, so a caller moves it off its loop: outputs encoded
+    as JSON from ``LARGE_JSON`` bytes, outputs copied into shared-memory regions from
+    ``SHM_COPY_LARGE``, or a compressed body from ``LARGE_JSON``. Binary outputs cost nothing
+    (the body refers to their bytes)."""
+    flags = {o.name: o.parameters for o in requested} if requested else None
+    as_json = to_shm = total = 0
+    for t in response.outputs:
+        if not isinstance(t.data, np.ndarray):
+            continue
+        nbytes = t.data.nbytes
+        total += nbytes
+        params = flags.get(t.name) if flags is not None else None
+        if params is not None and "shared_memory_region" in params:
+            to_shm += nbytes
+            continue
+        flag = params.get("binary_data") if params is not None else None
+        if not (binary_default if flag is None else bool(flag)):
+            as_json += nbytes
+    return as_json >= LARGE_JSON or to_shm >= SHM_COPY_LARGE or (compressed and total >= LARGE_JSON)
 
 
 def _splice_lists(header: bytes, lists: list[np.ndarray]) -> list[bytes]:

@@ -216,7 +216,8 @@ class InferEndpoint:
 async def _reply(response: InferenceResponse, requested: list[Any], binary_default: bool,
                  accept_encoding: str | None, shm: kserve.ShmOutputLookup | None = None,
                  ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
-    if kserve.response_is_large(response):  # a large encode (and compression): in a worker thread
+    # a large encode (JSON, shared-memory copies, compression): in a worker thread
+    if kserve.response_is_large(response, requested, binary_default, accept_encoding is not None):
         parts, json_length, encoding = await offload.run_sync(
             encode_response, response, requested, binary_default, accept_encoding, shm)
     else:

@@ -910,3 +910,21 @@ def test_long_json_output_data_is_encoded_in_slices_to_the_same_text(monkeypatch
     assert len(parts) >= 7 and header_length == sum(len(p) for p in parts[:-1])
     assert bytes(parts[-1]) == a[:4].tobytes()
     assert kserve.response_is_large(response) == (a.nbytes + b.nbytes + 16 >= kserve.LARGE_JSON)
+
+
+def test_only_costly_encodes_are_large() -> None:
+    """JSON from LARGE_JSON bytes, shared-memory copies from SHM_COPY_LARGE, compression of a
+    large body; binary outputs are views and never make a response large."""
+    big = np.zeros(kserve.LARGE_JSON // 4, np.float32)
+    huge = np.zeros(kserve.SHM_COPY_LARGE // 4, np.float32)
+    response = InferenceResponse("m", "1", outputs=[Tensor.from_numpy("A", big)])
+    assert kserve.response_is_large(response)
+    assert not kserve.response_is_large(response, binary_default=True)
+    assert not kserve.response_is_large(response, [RequestedOutput("A", {"binary_data": True})])
+    assert kserve.response_is_large(response, [RequestedOutput("A", {"binary_data": False})], True)
+    assert kserve.response_is_large(response, binary_default=True, compressed=True)
+    in_shm = [RequestedOutput("A", {"shared_memory_region": "r", "shared_memory_byte_size": big.nbytes})]
+    assert not kserve.response_is_large(response, in_shm)
+    huge_response = InferenceResponse("m", "1", outputs=[Tensor.from_numpy("A", huge)])
+    assert kserve.response_is_large(huge_response, in_shm)
+    assert not kserve.response_is_large(InferenceResponse("m", "1", outputs=[Tensor.from_numpy("A", big[:16])]))
