@@ -13,7 +13,9 @@ instance owns one ``InferenceSession``:
   ``inter_op_thread_count``, ``execution_mode`` (0 sequential, 1 parallel),
   ``enable_mem_arena``, ``enable_mem_pattern``, ``session.*`` config entries, and
   ``optimization { graph { level } }`` (-1 basic, 1 extended, 2 none; default all);
-* BYTES tensors for string graphs (``tensor(string)``), FP16, and BF16 through OrtValues.
+* BYTES tensors for string graphs (``tensor(string)``), FP16, and BF16 through OrtValues;
+* on the CUDA EP, an input read from a client's CUDA shared memory on the instance's device
+  is bound to that memory (``io_binding``), not copied to the device again.
 
 ``session.run`` releases the GIL, so instances of one model run in parallel threads.
 Auto-complete fills inputs, outputs and max_batch_size from the graph as Triton does.
@@ -47,7 +49,7 @@ from trident.backends.base import Backend, LoadContext, ModelInstance
 from trident.backends.sequence_io import with_sequence_io
 from trident.errors import TritonError, internal, invalid_arg, unavailable, unsupported
 from trident.protocol.generated.inference import ModelConfig
-from trident.types import InferenceRequest, InferenceResponse
+from trident.types import InferenceRequest, InferenceResponse, device_source_of
 
 log = logging.getLogger("trident.backends.onnxruntime")
 
@@ -186,9 +188,11 @@ def _translate(e: Exception) -> TritonError:
 class OnnxInstance(ModelInstance):
     """One ``InferenceSession``; its ``execute`` runs whole batches."""
 
-    def __init__(self, ort: Any, session: Any, config: ModelConfig) -> None:
+    def __init__(self, ort: Any, session: Any, config: ModelConfig, cuda_device: int | None = None) -> None:
         self.ort = ort
         self.session = session
+        #: the device of the CUDA execution provider when it runs this instance, else None
+        self.cuda_device = cuda_device
         ins, outs = describe(session)
         self._strings = {io.name for io in ins if io.data_type == "TYPE_STRING"}
         self._bf16 = any(io.data_type == "TYPE_BF16" for io in [*ins, *outs])
@@ -196,9 +200,35 @@ class OnnxInstance(ModelInstance):
 
     def _run(self, inputs: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
         feed = {n: (str_array(a, n) if n in self._strings else a) for n, a in inputs.items()}
+        if self.cuda_device is not None and not self._bf16:
+            on_device = {}
+            for n, a in feed.items():
+                source = device_source_of(a)
+                if source is not None and source[0] == self.cuda_device:
+                    on_device[n] = source
+            if on_device:
+                return self._run_bound(feed, names, on_device)
         if not self._bf16:
             return dict(zip(names, self.session.run(names, feed), strict=True))
         return self._run_ort_values(feed, names)
+
+    def _run_bound(self, feed: dict[str, np.ndarray], names: list[str],
+                   on_device: dict[str, tuple[int, int, Any]]) -> dict[str, np.ndarray]:
+        """Run with inputs read where a client put them: an input copied from CUDA shared memory
+        on this instance's device is bound to that device memory (no copy to the device), the
+        others are bound from the host; outputs come back to the host. ``on_device`` (its
+        owners) keeps the client's memory open for the run."""
+        binding = self.session.io_binding()
+        for n, a in feed.items():
+            source = on_device.get(n)
+            if source is None:
+                binding.bind_cpu_input(n, a)
+            else:
+                binding.bind_input(n, "cuda", self.cuda_device, a.dtype, list(a.shape), source[1])
+        for n in names:
+            binding.bind_output(n, "cpu")
+        self.session.run_with_iobinding(binding)
+        return dict(zip(names, binding.copy_outputs_to_cpu(), strict=True))
 
     def _run_ort_values(self, feed: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
         """Run through OrtValues: numpy has no bfloat16, so BF16 travels as uint16 bit patterns."""
@@ -283,6 +313,7 @@ class OnnxRuntimeBackend(Backend):
         ins, outs = describe(session)
         check_io(config, ins, outs)
         log.info("loaded '%s' %s on %s with %s", config.name, ctx.instance_name, ctx.instance_kind, wanted[0])
-        instance = OnnxInstance(ort, session, config)
+        instance = OnnxInstance(ort, session, config,
+                                ctx.device_id if wanted[0] == "CUDAExecutionProvider" else None)
         instance.inline_safe = wanted[0] == "CPUExecutionProvider"  # short CPU runs may stay on the loop
         return instance

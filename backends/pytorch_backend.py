@@ -12,7 +12,8 @@ single output; a tuple/list maps by ``<name>__<index>`` or config order; a dict 
 BYTES tensors travel as ``List[str]`` (1-D), FP16 as float16, BF16 as bfloat16.
 
 Each instance runs on its own device: ``cpu`` for KIND_CPU, ``cuda:<device_id>`` for KIND_GPU
-(with its own CUDA stream), under ``torch.inference_mode()`` (``INFERENCE_MODE: false`` uses
+(with its own CUDA stream; an input read from a client's CUDA shared memory on that device is a
+tensor over that memory, not a copy), under ``torch.inference_mode()`` (``INFERENCE_MODE: false`` uses
 ``no_grad``). Parameters: ``DISABLE_OPTIMIZED_EXECUTION``, ``INFERENCE_MODE``,
 ``ENABLE_CACHE_CLEANING``, ``ENABLE_WEIGHT_SHARING``, ``ENABLE_JIT_PROFILING``,
 ``ENABLE_JIT_EXECUTOR``, ``INTRA_OP_THREAD_COUNT`` / ``INTER_OP_THREAD_COUNT`` (process-wide

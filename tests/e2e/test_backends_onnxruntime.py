@@ -22,6 +22,8 @@ from unit.backends.test_onnxruntime import (
     write_onnx_model,
 )
 
+from trident.server.devices import gpu_count
+
 # ---------------------------------------------------------------- shared client helpers
 
 
@@ -133,7 +135,12 @@ def test_auto_completed_metadata_and_config(server):
         config = client.get_model_config("add_sub").config
         assert config.backend == "onnxruntime" and config.max_batch_size == 4
         assert config.HasField("dynamic_batching") and list(config.dynamic_batching.preferred_batch_size) == [4]
-        assert [g.kind for g in config.instance_group] == [2] and config.instance_group[0].count == 2  # KIND_CPU x2
+        group = config.instance_group
+        if gpu_count() == 0:  # Triton's default: 2 CPU instances for onnxruntime
+            assert [g.kind for g in group] == [2] and group[0].count == 2
+        else:  # one instance on every GPU (the lent GPU host)
+            assert [g.kind for g in group] == [1] and group[0].count == 1
+            assert list(group[0].gpus) == list(range(gpu_count()))
     finally:
         client.close()
 
