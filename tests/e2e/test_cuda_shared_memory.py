@@ -23,21 +23,19 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 import tritonclient.utils.shared_memory as shm
-from tritonclient.utils import InferenceServerException, serialize_byte_tensor
+from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import start_server
 from tests.e2e.models import DATATYPES, write_identity
+from tests.e2e.test_shared_memory import _CLIENTS, PROTOCOLS, _client, _error, _raw, _sample
+from tests.e2e.test_shared_memory import _GRPC as _SYSTEM_GRPC
+from tests.unit.backends.test_device_inputs import NO_GPU as NO_CUDA
 
 
 def _no_gpu() -> str | None:
     """Why the GPU tests cannot run here, or None."""
-    try:
-        import cuda.bindings.runtime as rt
-    except ImportError:
-        return "no GPU: cuda-python is not installed"
-    err, count = rt.cudaGetDeviceCount()
-    if int(err) != 0 or not count:
-        return f"no GPU: the CUDA runtime reports {err.name if int(err) else 'no device'}"
+    if NO_CUDA is not None:
+        return NO_CUDA
     try:
         import torch
     except ImportError:
@@ -49,10 +47,7 @@ def _no_gpu() -> str | None:
 
 NO_GPU = _no_gpu()
 gpu = pytest.mark.skipif(NO_GPU is not None, reason=NO_GPU or "")
-PROTOCOLS = ["http", "grpc"]
-_CLIENTS = {"http": httpclient, "grpc": grpcclient}
-_GRPC = {"400": "StatusCode.INVALID_ARGUMENT", "404": "StatusCode.NOT_FOUND", "409": "StatusCode.ALREADY_EXISTS",
-         "501": "StatusCode.UNIMPLEMENTED"}
+_GRPC = {**_SYSTEM_GRPC, "409": "StatusCode.ALREADY_EXISTS"}
 _REFUSED = "failed to register shared memory region: invalid args"
 
 # adds 1 to its input in place, then answers (input + 1) * 2: on a GPU instance the input is the
@@ -126,32 +121,6 @@ def cuda_regions():
     r = CudaRegions()
     yield r
     r.close()
-
-
-def _client(server, protocol: str):
-    return (httpclient.InferenceServerClient(server.http_url) if protocol == "http"
-            else grpcclient.InferenceServerClient(server.grpc_url))
-
-
-def _error(call) -> tuple[str, str]:
-    with pytest.raises(InferenceServerException) as e:
-        call()
-    return str(e.value.status()), e.value.message()
-
-
-def _sample(dt: str) -> np.ndarray:
-    if dt == "BYTES":
-        return np.array([[b"a", b"\xff\x00bc"], [b"", "é".encode()]], dtype=object)
-    if dt == "BOOL":
-        return np.array([[True, False], [False, True]])
-    if dt == "BF16":
-        return np.array([[0x3F80, 0x4000], [0xBF80, 0]], dtype=np.uint16)
-    np_dt = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}.get(dt) or np.dtype(dt.lower())
-    return np.arange(4).reshape(2, 2).astype(np_dt)
-
-
-def _raw(array: np.ndarray, dt: str) -> bytes:
-    return serialize_byte_tensor(array).item() if dt == "BYTES" else array.tobytes()
 
 
 @gpu

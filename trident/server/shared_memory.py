@@ -100,6 +100,19 @@ class SharedMemory:
         self._cuda: dict[str, CudaRegion] = {}
         self._lock = threading.Lock()
 
+    def _add(self, regions: dict[str, Any], region: SystemRegion | CudaRegion, kind: str) -> TritonError | None:
+        """Register ``region`` in ``regions`` (its kind's), or the refusal, in Triton's words: a
+        name in use by either kind, or ``MAX_REGIONS`` reached."""
+        name = region.name
+        with self._lock:
+            if name in self._system or name in self._cuda:
+                return TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
+            if len(regions) >= MAX_REGIONS:
+                return invalid_arg(f"failed to register shared memory region '{name}': at most {MAX_REGIONS} "
+                                   f"{kind} shared memory regions can be registered")
+            regions[name] = region
+        return None
+
     def _check_allowed(self) -> None:
         if not self.allowed:
             raise unsupported(DISABLED)
@@ -138,15 +151,7 @@ class SharedMemory:
                 raise internal(f"Unable to open shared memory region: '{key}': {e.strerror or e}") from None
         finally:
             os.close(fd)
-        with self._lock:
-            refusal = None
-            if name in self._system or name in self._cuda:
-                refusal = TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
-            elif len(self._system) >= MAX_REGIONS:
-                refusal = invalid_arg(f"failed to register shared memory region '{name}': at most {MAX_REGIONS} "
-                                      "system shared memory regions can be registered")
-            else:
-                self._system[name] = SystemRegion(name, key, offset, byte_size, mapping)
+        refusal = self._add(self._system, SystemRegion(name, key, offset, byte_size, mapping), "system")
         if refusal is not None:
             mapping.release_file()
             mapping.close()
@@ -165,18 +170,22 @@ class SharedMemory:
 
     def system_status(self, name: str = "") -> list[dict[str, Any]]:
         """Every region's (or one region's) name, key, offset and byte size. Raises NOT_FOUND
-        for an unknown ``name``."""
+        for an unknown ``name`` or a CUDA region's."""
+        return self._status(name, self._system, self._cuda, "system", "CUDA")
+
+    def _status(self, name: str, regions: dict[str, Any], others: dict[str, Any], kind: str,
+                other: str) -> list[dict[str, Any]]:
         self._check_allowed()
         with self._lock:
             if not name:
-                return [r.status() for r in sorted(self._system.values(), key=lambda r: r.name)]
-            region = self._system.get(name)
-            elsewhere = name in self._cuda
+                return [r.status() for r in sorted(regions.values(), key=lambda r: r.name)]
+            region = regions.get(name)
+            elsewhere = name in others
         if elsewhere:
-            raise not_found(f"The region named '{name}' is registered as CUDA shared memory, not system "
-                            "shared memory")
+            raise not_found(f"The region named '{name}' is registered as {other} shared memory, not "
+                            f"{'CUDA' if kind == 'cuda' else kind} shared memory")
         if region is None:
-            raise not_found(f"Unable to find system shared memory region: '{name}'")
+            raise not_found(f"Unable to find {kind} shared memory region: '{name}'")
         return [region.status()]
 
     # ---- CUDA regions ----------------------------------------------------------------------
@@ -199,15 +208,7 @@ class SharedMemory:
         if taken:  # before the handle is opened, as Triton does
             raise TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
         mapping = open_runtime().open(name, raw_handle, device_id, byte_size)
-        with self._lock:
-            refusal = None
-            if name in self._system or name in self._cuda:
-                refusal = TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
-            elif len(self._cuda) >= MAX_REGIONS:
-                refusal = invalid_arg(f"failed to register shared memory region '{name}': at most {MAX_REGIONS} "
-                                      "CUDA shared memory regions can be registered")
-            else:
-                self._cuda[name] = CudaRegion(name, device_id, byte_size, mapping)
+        refusal = self._add(self._cuda, CudaRegion(name, device_id, byte_size, mapping), "CUDA")
         if refusal is not None:
             mapping.close()
             raise refusal
@@ -226,18 +227,7 @@ class SharedMemory:
     def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
         """Every CUDA region's (or one region's) name, device id and byte size. Raises
         NOT_FOUND for an unknown ``name`` or a system region's."""
-        self._check_allowed()
-        with self._lock:
-            if not name:
-                return [r.status() for r in sorted(self._cuda.values(), key=lambda r: r.name)]
-            region = self._cuda.get(name)
-            elsewhere = name in self._system
-        if elsewhere:
-            raise not_found(f"The region named '{name}' is registered as system shared memory, not CUDA "
-                            "shared memory")
-        if region is None:
-            raise not_found(f"Unable to find cuda shared memory region: '{name}'")
-        return [region.status()]
+        return self._status(name, self._cuda, self._system, "cuda", "system")
 
     # ---- tensors ---------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from trident.types import DeviceCopy, InferenceRequest, Tensor
 
 
 def _no_gpu() -> str | None:
+    """Why the CUDA tests cannot run here (no cuda-python, driver or device), or None."""
     try:
         import cuda.bindings.runtime as rt
     except ImportError:
