@@ -143,3 +143,24 @@ def device_count() -> int:
         return 0
     err, count = rt.cudaGetDeviceCount()
     return int(count) if int(err) == 0 else 0
+
+
+def test_the_number_of_regions_is_bounded(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trident.server import shared_memory
+
+    monkeypatch.setattr(shared_memory, "MAX_REGIONS", 3)
+    registry = SharedMemory(allowed=True)
+    for i in range(3):
+        registry.register_system(f"r{i}", key, 0, 64)
+    with pytest.raises(TritonError) as e:
+        registry.register_system("r3", key, 0, 64)
+    assert e.value.code == Code.INVALID_ARG
+    assert e.value.message == ("failed to register shared memory region 'r3': at most 3 system shared memory "
+                               "regions can be registered")
+    with pytest.raises(TritonError) as e:
+        registry.register_system("r0", key, 0, 64)  # a name in use is refused first
+    assert e.value.code == Code.ALREADY_EXISTS
+    registry.unregister_system("r1")
+    registry.register_system("r3", key, 0, 64)
+    assert [r["name"] for r in registry.system_status()] == ["r0", "r2", "r3"]
+    registry.close()
