@@ -74,9 +74,10 @@ class CudaRuntime:
         if int(err) != 0 and self._may_collect():
             log.info("CUDA IPC handle for region '%s' refused (%s): collecting garbage, then once more", name,
                      self.error_text(err))
-            # the driver opens a handle once per process: an earlier mapping of this memory may
-            # still wait for the collector (held by a reference cycle, e.g. a refused request's
-            # traceback). Free it and try again, at most once a second (a client controls this)
+            # a mapping of memory the client has freed (and allocated again at the same address)
+            # may still be open here, held only by a reference cycle (e.g. a refused request's
+            # traceback): the driver then refuses the new handle. Free such mappings and try
+            # again, at most once a second (a client controls how often this runs)
             gc.collect()
             err, pointer = self.rt.cudaIpcOpenMemHandle(handle, self.rt.cudaIpcMemLazyEnablePeerAccess)
         if int(err) != 0:
