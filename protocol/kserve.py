@@ -760,13 +760,15 @@ def response_is_large(response: InferenceResponse, requested: Sequence[Requested
     as JSON from ``LARGE_JSON`` bytes, outputs copied into shared-memory regions from
     ``SHM_COPY_LARGE``, or a compressed body from ``LARGE_JSON``. Binary outputs cost nothing
     (the body refers to their bytes)."""
+    total = sum(t.data.nbytes for t in response.outputs if isinstance(t.data, np.ndarray))
+    if total < LARGE_JSON:  # the common case: nothing to weigh (SHM_COPY_LARGE is larger)
+        return False
     flags = {o.name: o.parameters for o in requested} if requested else None
-    as_json = to_shm = total = 0
+    as_json = to_shm = 0
     for t in response.outputs:
         if not isinstance(t.data, np.ndarray):
             continue
         nbytes = t.data.nbytes
-        total += nbytes
         params = flags.get(t.name) if flags is not None else None
         if params is not None and "shared_memory_region" in params:
             to_shm += nbytes
@@ -774,7 +776,7 @@ def response_is_large(response: InferenceResponse, requested: Sequence[Requested
         flag = params.get("binary_data") if params is not None else None
         if not (binary_default if flag is None else bool(flag)):
             as_json += nbytes
-    return as_json >= LARGE_JSON or to_shm >= SHM_COPY_LARGE or (compressed and total >= LARGE_JSON)
+    return compressed or as_json >= LARGE_JSON or to_shm >= SHM_COPY_LARGE
 
 
 def _splice_lists(header: bytes, lists: list[np.ndarray]) -> list[bytes]:

@@ -12,22 +12,27 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import threading
 import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
-import tritonclient.http.aio as httpaio
 import tritonclient.utils.shared_memory as shm
-from tritonclient.utils import InferenceServerException
 
 from tests.e2e.conftest import start_server
 from tests.e2e.models import DATATYPES, write_identity
-from tests.e2e.test_shared_memory import _CLIENTS, PROTOCOLS, _client, _error, _raw, _sample
+from tests.e2e.test_shared_memory import (
+    _CLIENTS,
+    PROTOCOLS,
+    _client,
+    _error,
+    _raw,
+    _sample,
+    infer_with_aio_clients,
+    read_while_unregistering,
+)
 from tests.e2e.test_shared_memory import _GRPC as _SYSTEM_GRPC
 from tests.unit.backends.test_device_inputs import NO_GPU as NO_CUDA
 
@@ -290,63 +295,20 @@ def test_cuda_system_and_request_tensors_mixed_over_many_regions(server, cuda_re
 def test_unregister_while_requests_read_the_region(server, cuda_regions) -> None:
     """Unregistering forgets the name at once; a request already holding the client's memory
     keeps it open until it is done (no crash, the right answers)."""
-    n = 1024 * 1024
-    x = np.arange(n, dtype=np.float32)
+    x = np.arange(1024 * 1024, dtype=np.float32)
     _, raw = cuda_regions.make(x.nbytes, x)
     tag = uuid.uuid4().hex[:8]
-    errors: list[BaseException] = []
-    answered = []
     with grpcclient.InferenceServerClient(server.grpc_url) as c:
         c.register_cuda_shared_memory(f"big{tag}", raw, 0, x.nbytes)
-
-        def loop() -> None:
-            try:
-                with grpcclient.InferenceServerClient(server.grpc_url) as c2:
-                    for _ in range(30):
-                        inp = grpcclient.InferInput("INPUT0", [1024, 1024], "FP32")
-                        inp.set_shared_memory(f"big{tag}", x.nbytes)
-                        try:
-                            got = c2.infer("identity_fp32", [inp]).as_numpy("OUTPUT0")
-                        except InferenceServerException as e:
-                            assert "Unable to find shared memory region" in e.message()
-                            continue
-                        assert got[1023, 1023] == x[-1]
-                        answered.append(1)
-            except BaseException as e:  # reported below
-                errors.append(e)
-
-        t = threading.Thread(target=loop)
-        t.start()
-        while not answered and t.is_alive():
-            threading.Event().wait(0.01)
-        c.unregister_cuda_shared_memory(f"big{tag}")
-        t.join(60)
-        assert not errors, errors
-        assert answered and c.is_server_live()
+        read_while_unregistering(server, f"big{tag}", x, lambda: c.unregister_cuda_shared_memory(f"big{tag}"))
 
 
 @gpu
 def test_aio_clients(server, cuda_regions) -> None:
-    import asyncio
-
-    x = np.arange(16, dtype=np.float32)
-    _, raw = cuda_regions.make(64, x)
-    tag = uuid.uuid4().hex[:8]
-
-    async def main() -> None:
-        for mod, url in ((httpaio, server.http_url), (grpcaio, server.grpc_url)):
-            c = mod.InferenceServerClient(url)
-            try:
-                await c.register_cuda_shared_memory(f"a{tag}", raw, 0, 64)
-                inp = (httpclient if mod is httpaio else grpcclient).InferInput("INPUT0", [4, 4], "FP32")
-                inp.set_shared_memory(f"a{tag}", 64)
-                result = await c.infer("identity_fp32", [inp])
-                assert result.as_numpy("OUTPUT0").reshape(-1).tolist() == list(range(16))
-                await c.unregister_cuda_shared_memory(f"a{tag}")
-            finally:
-                await c.close()
-
-    asyncio.run(main())
+    _, raw = cuda_regions.make(64, np.arange(16, dtype=np.float32))
+    name = f"a{uuid.uuid4().hex[:8]}"
+    infer_with_aio_clients(server, name, lambda c: c.register_cuda_shared_memory(name, raw, 0, 64),
+                           lambda c: c.unregister_cuda_shared_memory(name))
 
 
 @gpu

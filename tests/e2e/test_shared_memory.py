@@ -255,6 +255,41 @@ def test_many_regions_reused_and_mixed_with_regular_tensors(server, regions, pro
                 else not c.get_system_shared_memory_status().regions)
 
 
+def read_while_unregistering(server, region: str, x: np.ndarray, unregister) -> None:
+    """A client reads ``x`` (FP32 [1024, 1024]) from ``region`` 30 times over gRPC while the
+    region is unregistered (``unregister()``, once the first answer is in): every request gets
+    the right answer or "Unable to find shared memory region", and the server stays up."""
+    errors: list[BaseException] = []
+    answered = []
+
+    def loop() -> None:
+        try:
+            with grpcclient.InferenceServerClient(server.grpc_url) as c2:
+                for _ in range(30):
+                    inp = grpcclient.InferInput("INPUT0", [1024, 1024], "FP32")
+                    inp.set_shared_memory(region, x.nbytes)
+                    try:
+                        got = c2.infer("identity_fp32", [inp]).as_numpy("OUTPUT0")
+                    except InferenceServerException as e:
+                        assert "Unable to find shared memory region" in e.message()
+                        continue
+                    assert got[1023, 1023] == x[-1]
+                    answered.append(1)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    t = threading.Thread(target=loop)
+    t.start()
+    while not answered and t.is_alive():
+        threading.Event().wait(0.01)
+    unregister()
+    t.join(60)
+    assert not errors, errors
+    assert answered
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        assert c.is_server_live()
+
+
 def test_unregister_while_a_request_reads_the_region_keeps_it_mapped(server, regions) -> None:
     """Unregistering forgets the name at once; a request already holding the region's pages
     keeps them until it is done (no crash, the right answer)."""
@@ -262,31 +297,9 @@ def test_unregister_while_a_request_reads_the_region_keeps_it_mapped(server, reg
     x = np.arange(1024 * 1024, dtype=np.float32)
     shm.set_shared_memory_region(handle, [x])
     tag = uuid.uuid4().hex[:8]
-    errors: list[BaseException] = []
     with grpcclient.InferenceServerClient(server.grpc_url) as c:
         c.register_system_shared_memory(f"big{tag}", key, x.nbytes)
-
-        def loop() -> None:
-            try:
-                with grpcclient.InferenceServerClient(server.grpc_url) as c2:
-                    for _ in range(30):
-                        inp = grpcclient.InferInput("INPUT0", [1024, 1024], "FP32")
-                        inp.set_shared_memory(f"big{tag}", x.nbytes)
-                        try:
-                            got = c2.infer("identity_fp32", [inp]).as_numpy("OUTPUT0")
-                        except InferenceServerException as e:
-                            assert "Unable to find shared memory region" in e.message()
-                            continue
-                        assert got[1023, 1023] == x[-1]
-            except BaseException as e:  # reported below
-                errors.append(e)
-
-        t = threading.Thread(target=loop)
-        t.start()
-        c.unregister_system_shared_memory(f"big{tag}")
-        t.join(60)
-        assert not errors, errors
-        assert c.is_server_live()
+        read_while_unregistering(server, f"big{tag}", x, lambda: c.unregister_system_shared_memory(f"big{tag}"))
 
 
 @pytest.mark.parametrize("model", ["identity_fp32", "identity_on_thread"])
@@ -310,27 +323,34 @@ def test_an_unregistered_region_is_unmapped_when_its_last_request_is_done(server
         assert key[1:] not in maps.read_text()
 
 
-def test_aio_clients(server, regions) -> None:
+def infer_with_aio_clients(server, region: str, register, unregister) -> None:
+    """tritonclient's asyncio clients, HTTP then gRPC, each register ``region`` (``await
+    register(client)``: 64 bytes holding FP32 0..15), read it as an identity input and
+    unregister it (``await unregister(client)``)."""
     import asyncio
-
-    key, handle = regions.make(64)
-    shm.set_shared_memory_region(handle, [np.arange(16, dtype=np.float32)])
-    tag = uuid.uuid4().hex[:8]
 
     async def main() -> None:
         for mod, url in ((httpaio, server.http_url), (grpcaio, server.grpc_url)):
             c = mod.InferenceServerClient(url)
             try:
-                await c.register_system_shared_memory(f"a{tag}", key, 64)
+                await register(c)
                 inp = (httpclient if mod is httpaio else grpcclient).InferInput("INPUT0", [4, 4], "FP32")
-                inp.set_shared_memory(f"a{tag}", 64)
+                inp.set_shared_memory(region, 64)
                 result = await c.infer("identity_fp32", [inp])
                 assert result.as_numpy("OUTPUT0").reshape(-1).tolist() == list(range(16))
-                await c.unregister_system_shared_memory(f"a{tag}")
+                await unregister(c)
             finally:
                 await c.close()
 
     asyncio.run(main())
+
+
+def test_aio_clients(server, regions) -> None:
+    key, handle = regions.make(64)
+    shm.set_shared_memory_region(handle, [np.arange(16, dtype=np.float32)])
+    name = f"a{uuid.uuid4().hex[:8]}"
+    infer_with_aio_clients(server, name, lambda c: c.register_system_shared_memory(name, key, 64),
+                           lambda c: c.unregister_system_shared_memory(name))
 
 
 def test_off_by_default_with_an_answer_naming_the_flag(regions) -> None:

@@ -9,12 +9,13 @@ one (up to the CPU count) whenever each is busy at least ``SATURATED`` of a core
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import sys
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from typing import TextIO
+from typing import Any, TextIO
 
 from trident.perf.control import Control, open_control
 from trident.perf.inputs import ModelInfo, build_requests, parse_shapes
@@ -85,104 +86,103 @@ class _Workers:
             pipe.close()
 
 
-def _cuda_shared_memory(o: PerfOptions, control: Control, info: ModelInfo, variants: list[list[Tensor]]
-                        ) -> tuple[list[list[Tensor]], dict[str, tuple[str, int, int]], Callable[[], None]]:
-    """CUDA shared memory on device 0 for inputs and outputs (as ``--shared-memory system``):
-    allocations made, filled, registered. Raises PerfError when this host has no CUDA."""
-    import numpy as np
+def _shm_layout(o: PerfOptions, info: ModelInfo, variants: list[list[Tensor]], tag: str
+                ) -> tuple[list[list[Tensor]], list[tuple[int, bytes]], int, dict[str, tuple[str, int, int]], int]:
+    """Where ``--shared-memory`` puts the tensors: every input one after another in the region
+    ``<tag>_in``, each output in its own ``--output-shared-memory-size`` slot of ``<tag>_out``.
+    Returns the variants with shm references, the (offset, bytes) to write into the input
+    region, its size, the output references and the output region's size."""
+    writes: list[tuple[int, bytes]] = []
+    out_variants = []
+    offset = 0
+    for v in variants:
+        refs = []
+        for t in v:
+            writes.append((offset, t.data))
+            refs.append(Tensor(t.name, t.datatype, t.shape, b"", (tag + "_in", offset, len(t.data))))
+            offset += len(t.data)
+        out_variants.append(refs)
+    out_refs = {name: (tag + "_out", i * o.output_shm_size, o.output_shm_size) for i, name in enumerate(info.outputs)}
+    return out_variants, writes, offset or 1, out_refs, o.output_shm_size * max(1, len(info.outputs))
 
-    from trident.errors import TritonError
-    from trident.server.cuda_ipc import open_runtime
 
-    try:
-        runtime = open_runtime()
-    except TritonError as e:
-        raise PerfError(f"UNSUPPORTED: --shared-memory=cuda: {e.message}") from None
-    tag = f"trident_perf_{os.getpid()}"
-    total = sum(len(t.data) for v in variants for t in v) or 1
-    made: list[tuple[str, int]] = []
+class _SystemRegions:
+    """POSIX shared-memory objects perf creates, fills, registers and removes."""
 
-    def cleanup() -> None:
-        for name, pointer in made:
-            try:
-                control.unregister_cuda_shm(name)
-            except PerfError:
-                pass
-            runtime.free(pointer, 0)
+    def __init__(self, control: Control) -> None:
+        self.control = control
+        self.made: list[tuple[str, Any]] = []
 
-    try:
-        pointer, handle = runtime.allocate(total, 0)
-        made.append((tag + "_in", pointer))
-        offset = 0
-        out_variants = []
-        for v in variants:
-            refs = []
-            for t in v:
-                host = np.frombuffer(t.data, np.uint8)
-                runtime.copy(pointer + offset, int(host.ctypes.data), len(t.data), 0)
-                refs.append(Tensor(t.name, t.datatype, t.shape, b"", (tag + "_in", offset, len(t.data))))
-                offset += len(t.data)
-            out_variants.append(refs)
-        control.register_cuda_shm(tag + "_in", handle, 0, total)
-        size = o.output_shm_size * max(1, len(info.outputs))
-        pointer, handle = runtime.allocate(size, 0)
-        made.append((tag + "_out", pointer))
-        control.register_cuda_shm(tag + "_out", handle, 0, size)
-        out_refs = {name: (tag + "_out", i * o.output_shm_size, o.output_shm_size)
-                    for i, name in enumerate(info.outputs)}
-    except TritonError as e:
-        cleanup()
-        raise PerfError(f"--shared-memory=cuda: {e.message}") from None
-    except BaseException:
-        cleanup()
-        raise
-    return out_variants, out_refs, cleanup
+    def make(self, name: str, size: int, writes: list[tuple[int, bytes]]) -> None:
+        from multiprocessing import shared_memory
+
+        region = shared_memory.SharedMemory(name=name, create=True, size=size)
+        self.made.append((name, region))
+        buf = region.buf
+        assert buf is not None
+        for offset, data in writes:
+            buf[offset:offset + len(data)] = data
+        self.control.register_system_shm(name, "/" + name, region.size)
+
+    def cleanup(self) -> None:
+        for name, region in self.made:
+            with contextlib.suppress(PerfError):
+                self.control.unregister_system_shm(name)
+            region.close()
+            region.unlink()
+
+
+class _CudaRegions:
+    """CUDA memory on device 0 perf allocates, fills, registers and frees. Raises PerfError
+    (UNSUPPORTED) on a host without CUDA."""
+
+    def __init__(self, control: Control) -> None:
+        from trident.errors import TritonError
+        from trident.server.cuda_ipc import open_runtime
+
+        try:
+            self.runtime = open_runtime()
+        except TritonError as e:
+            raise PerfError(f"UNSUPPORTED: --shared-memory=cuda: {e.message}") from None
+        self.control = control
+        self.made: list[tuple[str, int]] = []
+
+    def make(self, name: str, size: int, writes: list[tuple[int, bytes]]) -> None:
+        import numpy as np
+
+        from trident.errors import TritonError
+
+        try:
+            pointer, handle = self.runtime.allocate(size, 0)
+            self.made.append((name, pointer))
+            for offset, data in writes:
+                self.runtime.copy(pointer + offset, int(np.frombuffer(data, np.uint8).ctypes.data), len(data), 0)
+        except TritonError as e:
+            raise PerfError(f"--shared-memory=cuda: {e.message}") from None
+        self.control.register_cuda_shm(name, handle, 0, size)
+
+    def cleanup(self) -> None:
+        for name, pointer in self.made:
+            with contextlib.suppress(PerfError):
+                self.control.unregister_cuda_shm(name)
+            self.runtime.free(pointer, 0)
 
 
 def _shared_memory(o: PerfOptions, control: Control, info: ModelInfo, variants: list[list[Tensor]]
                    ) -> tuple[list[list[Tensor]], dict[str, tuple[str, int, int]], Callable[[], None]]:
-    """System shared memory for inputs and outputs: regions created, filled, registered.
-    Returns the variants with shm references, the output regions, and the clean-up call."""
-    from multiprocessing import shared_memory
-
+    """System or CUDA shared memory (``--shared-memory``) for inputs and outputs: regions made,
+    filled, registered. Returns the variants with shm references, the output regions, and the
+    clean-up call. Raises PerfError for CUDA on a host without it."""
     tag = f"trident_perf_{os.getpid()}"
-    total = sum(len(t.data) for v in variants for t in v) or 1
-    made: list[tuple[str, shared_memory.SharedMemory]] = []
-
-    def cleanup() -> None:
-        for name, region in made:
-            try:
-                control.unregister_system_shm(name)
-            except PerfError:
-                pass
-            region.close()
-            region.unlink()
-
+    out_variants, writes, in_size, out_refs, out_size = _shm_layout(o, info, variants, tag)
+    regions = _CudaRegions(control) if o.shared_memory == "cuda" else _SystemRegions(control)
     try:
-        inputs = shared_memory.SharedMemory(name=tag + "_in", create=True, size=total)
-        made.append((tag + "_in", inputs))
-        offset = 0
-        out_variants = []
-        for v in variants:
-            refs = []
-            for t in v:
-                buf = inputs.buf
-                assert buf is not None
-                buf[offset:offset + len(t.data)] = t.data
-                refs.append(Tensor(t.name, t.datatype, t.shape, b"", (tag + "_in", offset, len(t.data))))
-                offset += len(t.data)
-            out_variants.append(refs)
-        size = o.output_shm_size * max(1, len(info.outputs))
-        outputs = shared_memory.SharedMemory(name=tag + "_out", create=True, size=size)
-        made.append((tag + "_out", outputs))
-        out_refs = {name: (tag + "_out", i * o.output_shm_size, o.output_shm_size)
-                    for i, name in enumerate(info.outputs)}
-        for name, region in made:
-            control.register_system_shm(name, "/" + name, region.size)
+        regions.make(tag + "_in", in_size, writes)
+        regions.make(tag + "_out", out_size, [])
     except BaseException:
-        cleanup()
+        regions.cleanup()
         raise
-    return out_variants, out_refs, cleanup
+    return out_variants, out_refs, regions.cleanup
 
 
 def run_perf(o: PerfOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
@@ -203,10 +203,8 @@ def run_perf(o: PerfOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr)
         variants = build_requests(info, o.batch_size, parse_shapes(o.shapes), o.input_data, o.string_length,
                                   o.string_data)
         output_shm: dict[str, tuple[str, int, int]] = {}
-        if o.shared_memory == "system":
+        if o.shared_memory != "none":
             variants, output_shm, cleanup = _shared_memory(o, control, info, variants)
-        elif o.shared_memory == "cuda":
-            variants, output_shm, cleanup = _cuda_shared_memory(o, control, info, variants)
         host = o.url.split("://", 1)[-1]
         hostname, _, port = host.rpartition(":")
         params: dict[str, object] = {"triton_enable_empty_final_response": True} if o.streaming else {}

@@ -13,10 +13,8 @@ memory. All calls are synchronous: a copy returns when the bytes have arrived.
 from __future__ import annotations
 
 import ctypes
-import gc
 import logging
 import threading
-import time
 import weakref
 from typing import Any
 
@@ -26,7 +24,7 @@ from trident.errors import TritonError, internal, invalid_arg, unsupported
 
 log = logging.getLogger("trident.shared_memory")
 CUDA_IPC_HANDLE_SIZE = 64  # bytes of a cudaIpcMemHandle_t
-_REGISTER_REFUSED = "failed to register shared memory region: invalid args"  # Triton's words
+REGISTER_REFUSED = "failed to register shared memory region: invalid args"  # Triton's words
 
 
 class CudaRuntime:
@@ -44,7 +42,6 @@ class CudaRuntime:
             raise unsupported("CUDA shared memory needs a CUDA device: the CUDA runtime sees none")
         self.device_count = int(count)
         self._lock = threading.Lock()
-        self._collected = -1e9  # when a failed open last ran the garbage collector
         self._streams: dict[int, Any] = {}  # one non-blocking stream per device, for the copies
 
     def error_text(self, err: Any) -> str:
@@ -66,38 +63,21 @@ class CudaRuntime:
         that does not exist, a handle the driver refuses, or an allocation smaller than
         ``byte_size``."""
         if not 0 <= device_id < self.device_count or len(raw_handle) != CUDA_IPC_HANDLE_SIZE:
-            raise invalid_arg(_REGISTER_REFUSED)
+            raise invalid_arg(REGISTER_REFUSED)
         self.select(device_id)
         handle = self.rt.cudaIpcMemHandle_t()
         ctypes.memmove(handle.getPtr(), raw_handle, CUDA_IPC_HANDLE_SIZE)
         err, pointer = self.rt.cudaIpcOpenMemHandle(handle, self.rt.cudaIpcMemLazyEnablePeerAccess)
-        if int(err) != 0 and self._may_collect():
-            log.info("CUDA IPC handle for region '%s' refused (%s): collecting garbage, then once more", name,
-                     self.error_text(err))
-            # a mapping of memory the client has freed (and allocated again at the same address)
-            # may still be open here, held only by a reference cycle (e.g. a refused request's
-            # traceback): the driver then refuses the new handle. Free such mappings and try
-            # again, at most once a second (a client controls how often this runs)
-            gc.collect()
-            err, pointer = self.rt.cudaIpcOpenMemHandle(handle, self.rt.cudaIpcMemLazyEnablePeerAccess)
         if int(err) != 0:
             log.warning("failed to open CUDA IPC handle for region '%s': %s", name, self.error_text(err))
-            raise invalid_arg(_REGISTER_REFUSED)
+            raise invalid_arg(REGISTER_REFUSED)
         pointer = int(pointer)
-        mapping = CudaMapping(self, pointer, device_id, byte_size)
+        mapping = CudaMapping(self, pointer, device_id)
         result = self.drv.cuMemGetAddressRange(self.drv.CUdeviceptr(pointer))
         if int(result[0]) != 0 or int(result[2]) < byte_size:
             mapping.close()
             raise invalid_arg(f"failed to register shared memory region '{name}': invalid args")
         return mapping
-
-    def _may_collect(self) -> bool:
-        now = time.monotonic()
-        with self._lock:
-            if now - self._collected < 1.0:
-                return False
-            self._collected = now
-            return True
 
     def close(self, pointer: int, device_id: int) -> None:
         try:
@@ -170,15 +150,14 @@ def open_runtime() -> CudaRuntime:
 
 class CudaMapping:
     """One opened cudaIpcMemHandle: ``pointer`` (the device address of the allocation's first
-    byte) on ``device_id``, ``size`` bytes registered. Closed when the last reference goes (or
-    by :meth:`close`, for a registration that failed)."""
+    byte) on ``device_id``. Closed when the last reference goes (or by :meth:`close`, for a
+    registration that failed)."""
 
-    __slots__ = ("pointer", "device_id", "size", "_finalizer", "__weakref__")
+    __slots__ = ("pointer", "device_id", "_finalizer", "__weakref__")
 
-    def __init__(self, runtime: CudaRuntime, pointer: int, device_id: int, size: int) -> None:
+    def __init__(self, runtime: CudaRuntime, pointer: int, device_id: int) -> None:
         self.pointer = pointer
         self.device_id = device_id
-        self.size = size
         self._finalizer = weakref.finalize(self, runtime.close, pointer, device_id)
 
     def close(self) -> None:

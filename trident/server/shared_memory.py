@@ -43,7 +43,13 @@ from typing import Any
 
 from trident.errors import Code, TritonError, internal, invalid_arg, not_found, unsupported
 from trident.protocol.kserve import shm_parameters
-from trident.server.cuda_ipc import CUDA_IPC_HANDLE_SIZE, CudaMapping, DeviceWindow, open_runtime
+from trident.server.cuda_ipc import (
+    CUDA_IPC_HANDLE_SIZE,
+    REGISTER_REFUSED,
+    CudaMapping,
+    DeviceWindow,
+    open_runtime,
+)
 from trident.types import DeviceCopy, SharedRegionMapping
 
 SHM_ROOT = "/dev/shm"
@@ -100,18 +106,25 @@ class SharedMemory:
         self._cuda: dict[str, CudaRegion] = {}
         self._lock = threading.Lock()
 
-    def _add(self, regions: dict[str, Any], region: SystemRegion | CudaRegion, kind: str) -> TritonError | None:
+    def _taken(self, name: str) -> TritonError | None:
+        """ALREADY_EXISTS, in Triton's words, for a name either kind holds (call under the lock)."""
+        if name in self._system or name in self._cuda:
+            return TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
+        return None
+
+    def _add(self, regions: dict[str, Any], region: SystemRegion | CudaRegion) -> TritonError | None:
         """Register ``region`` in ``regions`` (its kind's), or the refusal, in Triton's words: a
         name in use by either kind, or ``MAX_REGIONS`` reached."""
         name = region.name
         with self._lock:
-            if name in self._system or name in self._cuda:
-                return TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
-            if len(regions) >= MAX_REGIONS:
-                return invalid_arg(f"failed to register shared memory region '{name}': at most {MAX_REGIONS} "
-                                   f"{kind} shared memory regions can be registered")
-            regions[name] = region
-        return None
+            refusal = self._taken(name)
+            if refusal is None and len(regions) >= MAX_REGIONS:
+                kind = "system" if regions is self._system else "CUDA"
+                refusal = invalid_arg(f"failed to register shared memory region '{name}': at most {MAX_REGIONS} "
+                                      f"{kind} shared memory regions can be registered")
+            if refusal is None:
+                regions[name] = region
+        return refusal
 
     def _check_allowed(self) -> None:
         if not self.allowed:
@@ -151,7 +164,7 @@ class SharedMemory:
                 raise internal(f"Unable to open shared memory region: '{key}': {e.strerror or e}") from None
         finally:
             os.close(fd)
-        refusal = self._add(self._system, SystemRegion(name, key, offset, byte_size, mapping), "system")
+        refusal = self._add(self._system, SystemRegion(name, key, offset, byte_size, mapping))
         if refusal is not None:
             mapping.release_file()
             mapping.close()
@@ -171,21 +184,23 @@ class SharedMemory:
     def system_status(self, name: str = "") -> list[dict[str, Any]]:
         """Every region's (or one region's) name, key, offset and byte size. Raises NOT_FOUND
         for an unknown ``name`` or a CUDA region's."""
-        return self._status(name, self._system, self._cuda, "system", "CUDA")
+        return self._status(name, self._system, self._cuda)
 
-    def _status(self, name: str, regions: dict[str, Any], others: dict[str, Any], kind: str,
-                other: str) -> list[dict[str, Any]]:
+    def _status(self, name: str, regions: dict[str, Any], others: dict[str, Any]) -> list[dict[str, Any]]:
+        """Status of ``regions`` (one kind's), in Triton's words: "system" / "CUDA" in prose,
+        "cuda" in the not-found message."""
         self._check_allowed()
+        kind, other = ("system", "CUDA") if regions is self._system else ("CUDA", "system")
         with self._lock:
             if not name:
                 return [r.status() for r in sorted(regions.values(), key=lambda r: r.name)]
             region = regions.get(name)
             elsewhere = name in others
         if elsewhere:
-            raise not_found(f"The region named '{name}' is registered as {other} shared memory, not "
-                            f"{'CUDA' if kind == 'cuda' else kind} shared memory")
+            raise not_found(f"The region named '{name}' is registered as {other} shared memory, not {kind} "
+                            "shared memory")
         if region is None:
-            raise not_found(f"Unable to find {kind} shared memory region: '{name}'")
+            raise not_found(f"Unable to find {kind.lower()} shared memory region: '{name}'")
         return [region.status()]
 
     # ---- CUDA regions ----------------------------------------------------------------------
@@ -202,13 +217,13 @@ class SharedMemory:
         """
         self._check_allowed()
         if not name or len(raw_handle) != CUDA_IPC_HANDLE_SIZE or device_id < 0 or byte_size <= 0:
-            raise invalid_arg("failed to register shared memory region: invalid args")
+            raise invalid_arg(REGISTER_REFUSED)
         with self._lock:
-            taken = name in self._system or name in self._cuda
-        if taken:  # before the handle is opened, as Triton does
-            raise TritonError(Code.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
+            taken = self._taken(name)
+        if taken is not None:  # before the handle is opened, as Triton does
+            raise taken
         mapping = open_runtime().open(name, raw_handle, device_id, byte_size)
-        refusal = self._add(self._cuda, CudaRegion(name, device_id, byte_size, mapping), "CUDA")
+        refusal = self._add(self._cuda, CudaRegion(name, device_id, byte_size, mapping))
         if refusal is not None:
             mapping.close()
             raise refusal
@@ -227,7 +242,7 @@ class SharedMemory:
     def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
         """Every CUDA region's (or one region's) name, device id and byte size. Raises
         NOT_FOUND for an unknown ``name`` or a system region's."""
-        return self._status(name, self._cuda, self._system, "cuda", "system")
+        return self._status(name, self._cuda, self._system)
 
     # ---- tensors ---------------------------------------------------------------------------
 
