@@ -176,6 +176,10 @@ class DynamicScheduler(Scheduler):
             if len(self._queue):
                 self._wakeup.set()
 
+    def delivers_at_once(self) -> bool:
+        """No ``preserve_ordering``: a response goes out as soon as it is sent."""
+        return self._sequencer is None
+
     def next_turn(self) -> Turn | None:
         """A turn in the response order for a request answered without queueing (cache hit)."""
         return self._sequencer.next() if self._sequencer is not None else None

@@ -61,6 +61,11 @@ class Scheduler(abc.ABC):
         """Retire an instance once its current batch is done. Raises UNSUPPORTED unless supported."""
         raise unsupported(f"{type(self).__name__} cannot remove instances while running")
 
+    def delivers_at_once(self) -> bool:
+        """Whether a queued request's response may go to its caller the moment it is sent (no
+        response order to wait for), so that it needs no task waiting for it. The default: no."""
+        return False
+
     def next_turn(self) -> Any:
         """A place in the response order for a request answered without queueing (None: no ordering)."""
         return None

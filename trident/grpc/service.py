@@ -18,11 +18,12 @@ import betterproto2
 import trio
 
 from trident.errors import TritonError, invalid_arg, unavailable
-from trident.grpc.transport import Call, GrpcError, Method
+from trident.grpc.transport import Call, GrpcError, Later, Method
 from trident.protocol import grpc_codec, grpc_messages
 from trident.protocol.generated import inference as pb
 from trident.protocol.generated.grpc.health import v1 as health
 from trident.restricted import GRPC_MESSAGE, Restriction, grpc_restrictions
+from trident.server.execution import Completion
 from trident.types import InferenceRequest, InferenceResponse, ParamValue
 
 if TYPE_CHECKING:
@@ -295,10 +296,31 @@ class InferenceService:
         except grpc_codec.DecodeError as e:
             raise invalid_arg(f"failed to parse ModelInferRequest: {e}") from None
         shm_outputs = self._check_shm_outputs(request)
-        result = self.server.infer_now(request, endpoint="ModelInfer RPC")
+        result: InferenceResponse | Completion | Awaitable[InferenceResponse]
+        if not call.may_answer_later:
+            result = self.server.infer_now(request, endpoint="ModelInfer RPC")
+        else:
+            def done(response: InferenceResponse) -> None:
+                self._answer(call, response, shm_outputs)
+
+            result = self.server.infer_now(request, endpoint="ModelInfer RPC", on_done=done)
+        if isinstance(result, Completion):  # queued: answered by whoever delivers the response
+            return Later(result.cancel)
         if isinstance(result, InferenceResponse):
             return self._encode(call, result, shm_outputs)
         return self._encode_later(call, result, shm_outputs)
+
+    def _answer(self, call: Call, response: InferenceResponse, shm_outputs: dict[str, Any] | None) -> None:
+        """Answer a call queued by :meth:`model_infer_now` with its final response."""
+        if response.error is not None:
+            call.fail(response.error)
+            return
+        try:
+            parts, size = self._encode(call, response, shm_outputs)
+        except Exception as e:  # writing a shared-memory output: its error is the call's
+            call.fail(e)
+            return
+        call.answer(parts, size)
 
     async def _encode_later(self, call: Call, result: Awaitable[InferenceResponse],
                             shm_outputs: dict[str, Any] | None) -> tuple[list[Any], int]:

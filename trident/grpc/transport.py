@@ -112,13 +112,26 @@ class GrpcError(Exception):
         self.message = message
 
 
+class Later:
+    """What ``Method.now`` returns for a call it will answer later with :meth:`Call.answer`
+    or :meth:`Call.fail`, from whichever task on the trio thread has the answer: the call
+    then has no task of its own. ``cancel()`` is called, once, if the call ends before its
+    answer (a reset, the connection's end); an answer after that is dropped."""
+
+    __slots__ = ("cancel",)
+
+    def __init__(self, cancel: Callable[[], None]) -> None:
+        self.cancel = cancel
+
+
 @dataclass(frozen=True)
 class Method:
     """A handler: unary ``(call, message) -> (parts, size)`` or streaming ``(call) -> None``.
 
     ``now``, for a unary method, is the same handler without a task where it can be:
-    ``now(call, message)`` returns ``(parts, size)`` when it answered here and now, or an
-    awaitable of them that the call's task awaits (see :meth:`Connection._dispatch`).
+    ``now(call, message)`` returns ``(parts, size)`` when it answered here and now, an
+    awaitable of them that the call's task awaits (see :meth:`Connection._dispatch`), or a
+    :class:`Later` when it answers through the call (only when :attr:`Call.may_answer_later`).
     """
 
     handler: Callable[..., Awaitable[Any]]
@@ -208,6 +221,26 @@ class Call:
         #: a unary call whose task is not started yet (Method.now): the connection looks at it
         #: each time its stream moves (:meth:`Connection._dispatch`)
         self.deferred: Method | None = None
+        #: the unary method run by Method.now, and what it returned to answer later (a Later)
+        self.method: Method | None = None
+        self.later: Later | None = None
+
+    @property
+    def may_answer_later(self) -> bool:
+        """Whether ``Method.now`` may answer this call later (:class:`Later`): it has no
+        deadline to watch (a call's deadline is its task's cancel scope)."""
+        return self.deadline == math.inf
+
+    def answer(self, parts: Parts, size: int) -> None:
+        """The reply of a call answered later (:class:`Later`); sends it now, or has a task of
+        the connection send what the windows cannot take at once. Never waits, never raises;
+        dropped if the call is over."""
+        self.conn._answer(self, parts, size)
+
+    def fail(self, error: Exception) -> None:
+        """End a call answered later (:class:`Later`) with the status of ``error`` (as a
+        handler raising it). Never waits, never raises; dropped if the call is over."""
+        self.conn._answer_error(self, error)
 
     @property
     def metadata(self) -> list[tuple[str, str | bytes]]:
@@ -282,6 +315,11 @@ class Call:
         self.reset = True
         if self.scope is not None:
             self.scope.cancel()
+        if self.later is not None:  # no task to end it: it ends here
+            later, self.later = self.later, None
+            later.cancel()
+            self.conn._forget(self)
+            return
         self._wake()
 
     def _wake(self) -> None:
@@ -453,6 +491,7 @@ class Connection:
         self.abuse: str | None = None
         self._buffer_limit = config.connection_buffer_limit
         self._send_lock = trio.StrictFIFOLock()
+        self._flush_queued = False  # a task of _kick's is to write what the engine holds
         self._window_event = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._reader_scope = trio.CancelScope()
@@ -500,6 +539,9 @@ class Connection:
                 if call.deferred is not None:  # no task of its own to release what it holds
                     call.deferred = None
                     call._release()
+                if call.later is not None:  # answered later: no task of its own to cancel
+                    later, call.later = call.later, None
+                    later.cancel()
             with trio.CancelScope(shield=True):
                 if not self._broken:
                     with trio.move_on_after(1):
@@ -881,6 +923,7 @@ class Connection:
         into the engine's buffer when ``Method.now`` answers at once and the windows take the
         response, else by the call's task (which owns it from then on)."""
         assert method.now is not None and self._nursery is not None
+        call.method = method
         try:
             result = method.now(call, message)
         except Exception as e:
@@ -892,7 +935,37 @@ class Connection:
             self._end_call(call, GRPC_OK, "")
             self._forget(call)
             return
+        if isinstance(result, Later):
+            if self.calls.get(call.stream_id) is call:  # not answered yet
+                call.later = result
+            return
         self._nursery.start_soon(self._run_call, call, method, result)
+
+    def _answer(self, call: Call, parts: Parts, size: int) -> None:
+        """:meth:`Call.answer`: like :meth:`_run_now` for a reply that came later."""
+        if not self._answerable(call):
+            return
+        if self._send_now(call, parts, size):
+            self._end_call(call, GRPC_OK, "")
+            self._forget(call)
+            self._kick()
+            return
+        assert call.method is not None and self._nursery is not None
+        self._nursery.start_soon(self._run_call, call, call.method, (parts, size))
+
+    def _answer_error(self, call: Call, error: Exception) -> None:
+        """:meth:`Call.fail`."""
+        if not self._answerable(call):
+            return
+        status, text = _status_of(error, call.path)
+        self._end_call(call, status, text)
+        self._forget(call)
+        self._kick()
+
+    def _answerable(self, call: Call) -> bool:
+        """Whether a call answered later is still waiting for its answer (it is then no longer)."""
+        call.later = None
+        return self.calls.get(call.stream_id) is call and not call.reset and not self._broken
 
     def _send_now(self, call: Call, parts: Parts, size: int) -> bool:
         """Queue a small response message in the engine at once, when no compression applies
@@ -1190,6 +1263,33 @@ class Connection:
             if data:
                 await self._send_raw(data)
 
+    def _kick(self) -> None:
+        """Write what the engine queued, from a task that cannot wait for the socket (a call
+        answered later, by another task): at once when the socket takes it all, else a task of
+        the connection writes the rest (the engine keeps it, in order, until then)."""
+        engine = self.engine
+        if self._broken or not engine.has_data_to_send():
+            return
+        if self._fd >= 0 and not self._send_lock.locked():
+            data = engine.data_to_send()
+            try:
+                n = os.write(self._fd, data)
+            except BlockingIOError:
+                n = 0
+            except OSError:
+                self._break()
+                return
+            if n == len(data):
+                return
+            engine.requeue(memoryview(data)[n:])
+        if not self._flush_queued and self._nursery is not None:
+            self._flush_queued = True
+            self._nursery.start_soon(self._queued_flush)
+
+    async def _queued_flush(self) -> None:
+        self._flush_queued = False
+        await self._flush()
+
     async def _send_raw(self, data: bytes) -> None:
         """Write ``data`` whole (the caller holds the send lock)."""
         fd = self._fd
@@ -1215,11 +1315,14 @@ class Connection:
 
     async def _broken_connection(self) -> None:
         """A write failed: nothing more is sent, every call is cancelled, the reader stops."""
+        self._break()
+        await trio.lowlevel.checkpoint()
+
+    def _break(self) -> None:
         self._broken = True
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
         self._reader_scope.cancel()
-        await trio.lowlevel.checkpoint()
 
 
 def _split_views(views: list[memoryview], n: int) -> tuple[list[memoryview], list[memoryview]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, overload
 
 import trio
 
@@ -23,7 +23,7 @@ from trident.observability.trace import TraceSettings
 from trident.observability.tracing import Tracer, parse_trace_config
 from trident.options import ServerOptions
 from trident.protocol.generated.inference import ModelConfig
-from trident.server.execution import InFlight, abandon_running_calls
+from trident.server.execution import Completion, InFlight, abandon_running_calls
 from trident.server.model import ModelVersion
 from trident.server.repository import ModelRepository
 from trident.server.shared_memory import SharedMemory
@@ -196,33 +196,52 @@ class Server:
             return result
         return await result
 
-    def infer_now(self, request: InferenceRequest, *,
-                  endpoint: str = "HTTP end point") -> InferenceResponse | Awaitable[InferenceResponse]:
+    @overload
+    def infer_now(self, request: InferenceRequest, *, endpoint: str = ...,
+                  on_done: None = None) -> InferenceResponse | Awaitable[InferenceResponse]: ...
+
+    @overload
+    def infer_now(self, request: InferenceRequest, *, endpoint: str = ...,
+                  on_done: Callable[[InferenceResponse], None]) -> InferenceResponse | Completion | Awaitable[InferenceResponse]: ...
+
+    def infer_now(self, request: InferenceRequest, *, endpoint: str = "HTTP end point",
+                  on_done: Callable[[InferenceResponse], None] | None = None,
+                  ) -> InferenceResponse | Completion | Awaitable[InferenceResponse]:
         """:meth:`infer` without a task switch where it can be: the response when the request
         ran here and now (ModelVersion.infer_now: an idle instance run inline, nothing in the
         way), else an awaitable that finishes it, which the caller must await in the task that
         owns the request (cancelling that task cancels the request; the awaitable holds the
         server's admission and may hold an instance, so it is never to be dropped).
 
+        With ``on_done``, a request that waits in a queue may instead be answered through it: a
+        :class:`~trident.server.execution.Completion` is returned, ``on_done(response)`` gets
+        the final response (an error response included) from the task that delivers it, and
+        the caller calls ``completion.cancel()`` if it gives up (see ModelVersion.infer_now).
+
         Raises, here or from the awaitable, what :meth:`infer` raises.
         """
         if log.isEnabledFor(VERBOSE):
             return self._logged(self._infer(request, endpoint), request)
-        return self._start(request, endpoint)
+        return self._start(request, endpoint, on_done)
 
-    def _start(self, request: InferenceRequest, endpoint: str) -> InferenceResponse | Awaitable[InferenceResponse]:
+    def _start(self, request: InferenceRequest, endpoint: str,
+               on_done: Callable[[InferenceResponse], None] | None = None,
+               ) -> InferenceResponse | Completion | Awaitable[InferenceResponse]:
         """:meth:`infer_now` without its logging."""
         mv = self.repository.get(request.model_name, request.model_version)
         if mv.decoupled:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         self._admit()
         try:
-            result = mv.infer_now(request)
+            result = mv.infer_now(request, on_done)
         except BaseException:
             self._release()
             raise
         if isinstance(result, InferenceResponse):
             self._release()
+            return result
+        if isinstance(result, Completion):
+            result.on_close(self._release)
             return result
         return self._finish(result)
 
@@ -236,6 +255,7 @@ class Server:
         result = self._start(request, endpoint)
         if isinstance(result, InferenceResponse):
             return result
+        assert not isinstance(result, Completion)  # only with on_done
         return await result
 
     async def _logged(self, call: Awaitable[Any], request: InferenceRequest) -> Any:

@@ -79,7 +79,7 @@ class Responder:
     (``response=None``) is allowed. Sending after the final one raises TritonError.
     """
 
-    def __init__(self, channel: Mailbox, token: trio.lowlevel.TrioToken,
+    def __init__(self, channel: Mailbox | Completion, token: trio.lowlevel.TrioToken,
                  request: InferenceRequest,
                  finish: Callable[[InferenceRequest, InferenceResponse], InferenceResponse]) -> None:
         self._channel = channel
@@ -201,6 +201,68 @@ class Mailbox:
         self._items.clear()
 
 
+class Completion:
+    """A queued request's mailbox that hands its final response to a callback instead of a
+    waiting task (ModelVersion.infer_now with ``on_done``): the request needs no task of its
+    own while it waits, and the task that delivers its response (the instance's worker) runs
+    the callback in passing. Used on the trio thread only, as :class:`Mailbox`.
+
+    ``on_final(response)`` runs once, with the final response (an error response included);
+    responses before it are dropped (a unary caller keeps only the last). ``cancel()`` (the
+    caller is gone) closes it first: later sends raise trio.BrokenResourceError, as a closed
+    Mailbox's. ``on_close`` runs once either way, before ``on_done``. Exceptions raised by the
+    callbacks are logged, never raised into the deliverer (a model's worker task).
+    """
+
+    __slots__ = ("_on_final", "_on_cancel", "_on_close", "_closed")
+
+    def __init__(self, on_final: Callable[[InferenceResponse], None], on_cancel: Callable[[], None]) -> None:
+        self._on_final = on_final
+        self._on_cancel = on_cancel
+        self._on_close: list[Callable[[], None]] = []
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` when the request ends (answered or cancelled), before any callback of
+        its answer: what the request holds (admission, the in-flight count) is given back."""
+        self._on_close.append(fn)
+
+    def send_nowait(self, response: InferenceResponse) -> None:
+        if self._closed:
+            raise trio.BrokenResourceError("the request's consumer is gone")
+        if not response.final:
+            return
+        self._end(self._on_final, response)
+
+    def cancel(self) -> None:
+        """The caller is gone: the request is cancelled (dropped if still queued, its result
+        discarded if running) and its answer, if any comes, is discarded. Idempotent."""
+        if not self._closed:
+            self._end(self._on_cancel)
+
+    def _end(self, fn: Callable[..., None], *args: Any) -> None:
+        self._closed = True
+        try:
+            for close in self._on_close:
+                close()
+            fn(*args)
+        except Exception:  # a bug: the deliverer (a model's worker) must go on
+            log.exception("completing a request failed")
+        finally:
+            # the callbacks hold the request and its caller, which hold this: no cycle is left
+            # for the garbage collector (a request's objects are freed as soon as it is done)
+            self._on_close.clear()
+            self._on_final = self._on_cancel = _ignore
+
+
+def _ignore(*args: Any) -> None:
+    """What a closed Completion's callbacks become (their references dropped); never called."""
+
+
 class InFlight:
     """Work in progress on the trio thread: a count, and ``idle``, an event set whenever the count
     is zero (a drain awaits ``idle.wait()``, reading the attribute when it starts waiting)."""
@@ -225,15 +287,24 @@ class InFlight:
 
 class Pending:
     """A queued request: what the scheduler sees and the mailbox its responses travel through
-    (``send`` and ``receive`` are the same :class:`Mailbox`)."""
+    (``send`` and ``receive`` are the same :class:`Mailbox`, or ``send`` is a
+    :class:`Completion`)."""
 
     __slots__ = ("request", "batch_size", "send", "receive", "enqueued_ns", "exec_ns", "responder", "turn")
 
     def __init__(self, request: InferenceRequest, batch_size: int,
-                 finish: Callable[[InferenceRequest, InferenceResponse], InferenceResponse]) -> None:
+                 finish: Callable[[InferenceRequest, InferenceResponse], InferenceResponse],
+                 completion: Completion | None = None) -> None:
         self.request = request
         self.batch_size = batch_size
-        self.send = self.receive = Mailbox()
+        #: where responses go; ``receive`` is where its consumer takes them (None: a completion's
+        #: callback gets the final one)
+        self.send: Mailbox | Completion
+        self.receive: Mailbox | None
+        if completion is None:
+            self.send = self.receive = Mailbox()
+        else:
+            self.send, self.receive = completion, None
         self.enqueued_ns = time.monotonic_ns()
         #: (batch start, model call start, model call end, response sent) in monotonic ns
         self.exec_ns: tuple[int, int, int, int] | None = None

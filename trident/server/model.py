@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import trio
 
@@ -44,7 +44,7 @@ from trident.errors import Code, TritonError, internal, unavailable
 from trident.observability.model_metrics import observer_for
 from trident.observability.stats import BACKEND, CANCELED, OTHER, REJECTED, StatsRecorder
 from trident.protocol.generated.inference import ModelConfig
-from trident.server.execution import BatchExecutor, InFlight, Pending
+from trident.server.execution import BatchExecutor, Completion, InFlight, Pending
 from trident.server.worker_threads import open_thread_nursery
 from trident.types import InferenceRequest, InferenceResponse
 
@@ -318,7 +318,16 @@ class ModelVersion:
             return False
         return self.state == "READY"
 
-    def infer_now(self, request: InferenceRequest) -> InferenceResponse | Awaitable[InferenceResponse]:
+    @overload
+    def infer_now(self, request: InferenceRequest,
+                  on_done: None = None) -> InferenceResponse | Awaitable[InferenceResponse]: ...
+
+    @overload
+    def infer_now(self, request: InferenceRequest, on_done: Callable[[InferenceResponse], None],
+                  ) -> InferenceResponse | Completion | Awaitable[InferenceResponse]: ...
+
+    def infer_now(self, request: InferenceRequest, on_done: Callable[[InferenceResponse], None] | None = None,
+                  ) -> InferenceResponse | Completion | Awaitable[InferenceResponse]:
         """Start ``request`` of a model that answers once: its response when it ran here and now,
         else an awaitable that finishes it.
 
@@ -329,6 +338,14 @@ class ModelVersion:
         task that owns the request (it may hold an instance: it is never to be dropped).
         Raises (here or from the awaitable) what infer_stream raises, and the error of an error
         response. Cancellation of the awaiting task: as infer_stream.
+
+        With ``on_done``, a request that must wait in the queue of a scheduler that delivers at
+        once (the plain case: nothing in the way but the queue) is queued here and a
+        :class:`Completion` returned instead of an awaitable: no task waits for it;
+        ``on_done(response)`` runs with its final response, an error response included, in the
+        task that delivers it (it must not block and should not raise). The caller calls
+        ``completion.cancel()`` when it no longer wants the answer (that cancels the request).
+        Queueing raises here what infer_stream raises for it (UNAVAILABLE, queue full).
         """
         batch_size = self._admit(request)
         trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
@@ -336,6 +353,8 @@ class ModelVersion:
             return self._collect(request, batch_size, trace)
         slot = self.scheduler.claim()
         if slot is None:
+            if on_done is not None and request.response_window == 0 and self.scheduler.delivers_at_once():
+                return self._enqueue(request, batch_size, on_done)
             return self._collect(request, batch_size, None)
         executor = self.executor
         pending = Pending(request, batch_size, executor.finish)
@@ -346,6 +365,7 @@ class ModelVersion:
         finally:
             self.scheduler.release(slot)
         mailbox = pending.receive
+        assert mailbox is not None  # made with a Mailbox
         try:
             response = mailbox.receive_nowait()
         except trio.WouldBlock:  # the model answers later, through its response sender
@@ -354,11 +374,44 @@ class ModelVersion:
         request.responder = None  # no request <-> responder cycle
         return self._answered(pending, response)
 
+    def _enqueue(self, request: InferenceRequest, batch_size: int,
+                 on_done: Callable[[InferenceResponse], None]) -> Completion:
+        """Queue a request answered through ``on_done`` (see :meth:`infer_now`): what
+        :meth:`_respond` does for a queued request, without a task waiting in it."""
+        pending: Pending
+
+        def final(response: InferenceResponse) -> None:
+            if response.error is None and self.latency is not None:
+                self.latency.first_response(time.monotonic_ns() - request.arrival_ns)
+            self._record(pending, response.error)
+            on_done(response)
+
+        def cancelled() -> None:
+            request.cancel()  # the queue drops it; a running execution's result is discarded
+            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
+
+        def close() -> None:
+            request.responder = None  # no request <-> responder cycle
+            self.inflight.leave()
+
+        completion = Completion(final, cancelled)
+        pending = Pending(request, batch_size, self.executor.finish, completion)
+        self.inflight.enter()
+        completion.on_close(close)
+        try:
+            self.scheduler.enqueue(pending)
+        except TritonError:
+            close()
+            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=REJECTED)
+            raise
+        return completion
+
     async def _await_response(self, pending: Pending) -> InferenceResponse:
         """The response of a request that ran inline and answers later, through its response
         sender. Cancellation cancels the request."""
         request = pending.request
         mailbox = pending.receive
+        assert mailbox is not None  # made with a Mailbox
         self.inflight.enter()
         try:
             response = await mailbox.receive()
@@ -457,6 +510,7 @@ class ModelVersion:
             first = True
             window = pending.responder.window
             receive = pending.receive
+            assert receive is not None  # made with a Mailbox
             async with receive:
                 while True:
                     # a response already delivered (a direct or inline call) costs no task switch,

@@ -2,8 +2,10 @@
 
 Raw HTTP/2 clients (e2e.grpc_raw) send what real clients never do; grpcio (in a worker thread)
 checks interoperability. The handlers record what the server side saw (cancellations, metadata).
-Every test runs twice: with unary handlers run by a task of their own, and with ``Method.now``
-(answered in the connection's read loop where they can, as ModelInfer is).
+Every test runs three times: with unary handlers run by a task of their own, with
+``Method.now`` (answered in the connection's read loop where they can, as ModelInfer is), and
+with ``Method.now`` answering later (:class:`Later`: the call has no task; another task
+answers it, as a model's worker answers a queued ModelInfer).
 """
 
 from __future__ import annotations
@@ -28,19 +30,45 @@ from trident.errors import (
     GRPC_UNIMPLEMENTED,
     invalid_arg,
 )
+from trident.grpc import transport
 from trident.grpc.serve import serve_methods
-from trident.grpc.transport import Call, GrpcError, Method, TransportConfig
+from trident.grpc.transport import Call, GrpcError, Later, Method, TransportConfig
 
 MAX = 64 * 1024
 WINDOW = 65536
-NOW = False  # the unary path under test (see the unary_path fixture)
+NOW = "task"  # the unary path under test (see the unary_path fixture)
 
 
-@pytest.fixture(autouse=True, params=["task", "now"])
+@pytest.fixture(autouse=True, params=["task", "now", "later"])
 def unary_path(request, monkeypatch):
-    """The unary test methods with (``now``) or without (``task``) ``Method.now``."""
-    monkeypatch.setitem(globals(), "NOW", request.param == "now")
+    """The unary test methods without ``Method.now`` (``task``), with it answering at once
+    where it can (``now``), or with it answering later from another task (``later``)."""
+    monkeypatch.setitem(globals(), "NOW", request.param)
     return request.param
+
+
+def answered_later(handler):
+    """``Method.now`` for ``handler`` that answers from a task of its own (not the call's: the
+    call has none) through Call.answer / Call.fail, and returns a Later whose cancel cancels
+    that task; the handler's awaitable, for the call's task, where the call may not (a deadline)."""
+    def now(call: Call, message: bytearray):
+        if not call.may_answer_later:
+            return handler(call, message)
+        scope = trio.CancelScope()
+
+        async def answer():
+            with scope:
+                try:
+                    parts, size = await handler(call, message)
+                except Exception as e:
+                    call.fail(e)
+                    return
+                call.answer(parts, size)
+
+        trio.lowlevel.spawn_system_task(answer)
+        return Later(scope.cancel)
+
+    return now
 
 
 class Recorder:
@@ -106,7 +134,10 @@ def methods(rec: Recorder) -> dict[str, Method]:
     table = {"Echo": Method(echo), "Fail": Method(fail), "Wait": Method(wait), "Meta": Method(meta),
              "SlowReader": Method(slow_reader, streaming=True), "Flood": Method(flood, streaming=True),
              "Bidi": Method(bidi, streaming=True)}
-    if NOW:
+    if NOW == "later":
+        table.update({name: Method(table[name].handler, now=answered_later(table[name].handler))
+                      for name in ("Echo", "Fail", "Wait", "Meta")})
+    elif NOW == "now":
         def echo_now(call: Call, message: bytearray):
             return [bytes(message)], len(message)
 
@@ -881,3 +912,16 @@ def test_reads_grow_while_they_come_back_full_and_shrink_after_a_short_one():
     assert next_receive_size(_RECEIVE_MAX, _RECEIVE_SIZE - 1) == _RECEIVE_SIZE
     assert next_receive_size(_RECEIVE_SIZE, 100) == _RECEIVE_SIZE
     assert next_receive_size(_RECEIVE_SIZE, 0) == _RECEIVE_SIZE
+
+
+def test_a_requeued_tail_goes_out_before_what_was_queued_since():
+    """What a write left over (a call answered later, into a full socket) keeps its place."""
+    engine = transport.make_engine(TransportConfig())
+    engine.data_to_send()
+    engine.ping(b"12345678")
+    first = bytes(engine.data_to_send())
+    engine.requeue(memoryview(first)[5:])
+    engine.ping(b"abcdefgh")
+    assert engine.has_data_to_send()
+    assert bytes(engine.data_to_send()) == first[5:] + first[:9] + b"abcdefgh"
+    assert not engine.data_to_send()

@@ -1,0 +1,82 @@
+"""A queued request answered through a callback (trident.server.execution.Completion): what a
+unary gRPC call waiting in a model's queue has instead of a task. The callbacks run once, what
+the request holds is given back first, late responses are refused as by a closed Mailbox, and
+a failing callback never reaches the task that delivers (a model's worker)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+
+from trident.server.execution import Completion, Pending
+from trident.types import InferenceRequest, InferenceResponse
+
+
+def _finish(request: InferenceRequest, response: InferenceResponse) -> InferenceResponse:
+    return response
+
+
+class Log:
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    def completion(self) -> Completion:
+        completion = Completion(lambda response: self.events.append(("final", response)),
+                                lambda: self.events.append("cancelled"))
+        completion.on_close(lambda: self.events.append("closed"))
+        return completion
+
+
+async def test_the_final_response_goes_to_the_callback_after_the_closers():
+    log = Log()
+    completion = log.completion()
+    pending = Pending(InferenceRequest(model_name="m", inputs=[]), 1, _finish, completion)
+    assert pending.send is completion and pending.receive is None
+    pending.responder.send(InferenceResponse(id="partial"), final=False)  # a unary caller keeps the last
+    assert log.events == []
+    final = InferenceResponse(id="last")
+    pending.responder.send(final, final=True)
+    assert log.events == ["closed", ("final", final)] and completion.closed
+    completion.cancel()  # too late: nothing happens
+    with pytest.raises(trio.BrokenResourceError):
+        completion.send_nowait(InferenceResponse())
+    assert log.events == ["closed", ("final", final)]
+
+
+async def test_a_cancelled_completion_runs_its_closers_once_and_refuses_responses():
+    log = Log()
+    completion = log.completion()
+    pending = Pending(InferenceRequest(model_name="m", inputs=[]), 1, _finish, completion)
+    completion.cancel()
+    completion.cancel()
+    assert log.events == ["closed", "cancelled"]
+    pending.responder.send(InferenceResponse(), final=True)  # the model answers after all: dropped
+    assert pending.responder.undelivered == 1
+    assert log.events == ["closed", "cancelled"]
+
+
+async def test_an_error_response_is_a_final_response():
+    log = Log()
+    completion = log.completion()
+    pending = Pending(InferenceRequest(model_name="m", inputs=[]), 1, _finish, completion)
+    from trident.errors import internal
+
+    pending.responder.send(InferenceResponse(error=internal("boom")), final=True)
+    assert log.events[0] == "closed"
+    kind, response = log.events[1]
+    assert kind == "final" and response.error is not None and response.error.message == "boom"
+
+
+async def test_a_failing_callback_is_logged_not_raised_into_the_deliverer(caplog):
+    def broken(response: InferenceResponse) -> None:
+        raise RuntimeError("a bug in the front end")
+
+    closed: list[int] = []
+    completion = Completion(broken, lambda: None)
+    completion.on_close(lambda: closed.append(1))
+    with caplog.at_level(logging.ERROR, logger="trident.execution"):
+        completion.send_nowait(InferenceResponse(final=True))
+    assert closed == [1] and completion.closed
+    assert "completing a request failed" in caplog.text and "a bug in the front end" in caplog.text
