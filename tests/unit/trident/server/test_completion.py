@@ -5,7 +5,9 @@ a failing callback never reaches the task that delivers (a model's worker)."""
 
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
 
 import pytest
 import trio
@@ -80,3 +82,45 @@ async def test_a_failing_callback_is_logged_not_raised_into_the_deliverer(caplog
         completion.send_nowait(InferenceResponse(final=True))
     assert closed == [1] and completion.closed
     assert "completing a request failed" in caplog.text and "a bug in the front end" in caplog.text
+
+
+def _entry(held: object) -> tuple[Completion, Pending]:
+    """A queued entry whose callbacks hold it (through their closure) and ``held``, as
+    ModelVersion's do: pending -> completion -> callbacks -> pending, a cycle."""
+    pending: Pending
+
+    def final(response: InferenceResponse) -> None:
+        pending.request.responder = None
+        assert held is not None
+
+    def cancelled() -> None:
+        pending.request.cancel()
+        pending.request.responder = None
+        assert held is not None
+
+    completion = Completion(final, cancelled)
+    pending = Pending(InferenceRequest(model_name="m", inputs=[]), 1, _finish, completion)
+    return completion, pending
+
+
+async def test_an_ended_completion_leaves_no_cycle_for_the_garbage_collector():
+    """Once the completion ends its callbacks are dropped: the entry and what the callbacks
+    held are freed by reference counting alone, at once."""
+
+    class Held:
+        pass
+
+    gc.disable()
+    try:
+        for end in ("answer", "cancel"):
+            held = Held()
+            gone = weakref.ref(held)
+            completion, pending = _entry(held)
+            if end == "answer":
+                pending.responder.send(InferenceResponse(), final=True)
+            else:
+                completion.cancel()
+            del held, pending, completion
+            assert gone() is None, end
+    finally:
+        gc.enable()
