@@ -52,8 +52,8 @@ def write_models(repo: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("queued-repo")
+def repo(tmp_path_factory, grpc_http2) -> Path:
+    root = tmp_path_factory.mktemp(f"queued-repo-{grpc_http2}")  # the models' logs: one per server
     write_models(root)
     return root
 

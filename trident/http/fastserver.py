@@ -70,6 +70,7 @@ from trident.protocol.http1 import (
     encode_head,
     error_response,
 )
+from trident.server.execution import Answer, Completion
 from trident.types import InferenceRequest, InferenceResponse
 
 if TYPE_CHECKING:
@@ -427,7 +428,8 @@ class _Connection:
                     self.request_scope = None
             return None
         state = self.state
-        result = state.endpoint.server.infer_now(request)  # type: ignore[union-attr]
+        answer = Answer()
+        result = state.endpoint.server.infer_now(request, on_done=answer.done)  # type: ignore[union-attr]
         if isinstance(result, InferenceResponse):  # it ran here and now: nothing to watch
             return result
         self.busy += 1
@@ -435,6 +437,11 @@ class _Connection:
             state.ticker_park.cancel()
             state.ticker_park = None
         try:
+            if isinstance(result, Completion):  # queued: answered through ``answer``
+                response = await answer.wait(result)
+                if response.error is not None:
+                    raise response.error
+                return response
             return await result
         finally:
             self.busy += 1
