@@ -11,8 +11,9 @@ import weakref
 
 import pytest
 import trio
+import trio.testing
 
-from trident.server.execution import Completion, Pending
+from trident.server.execution import Answer, Completion, Pending
 from trident.types import InferenceRequest, InferenceResponse
 
 
@@ -124,3 +125,28 @@ async def test_an_ended_completion_leaves_no_cycle_for_the_garbage_collector():
             assert gone() is None, end
     finally:
         gc.enable()
+
+
+async def test_an_answer_wakes_its_task_and_its_cancellation_cancels_the_request():
+    answer = Answer()
+    log = Log()
+    completion = Completion(answer.done, lambda: log.events.append("cancelled"))
+    final = InferenceResponse(id="r", final=True)
+    async with trio.open_nursery() as nursery:
+        got: list[InferenceResponse] = []
+
+        async def wait() -> None:
+            got.append(await answer.wait(completion))
+
+        nursery.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        completion.send_nowait(final)
+    assert got == [final] and log.events == []
+
+    answer = Answer()
+    completion = Completion(answer.done, lambda: log.events.append("cancelled"))
+    with trio.move_on_after(0.01) as scope:
+        await answer.wait(completion)
+    assert scope.cancelled_caught and log.events == ["cancelled"] and completion.closed
+    with pytest.raises(trio.BrokenResourceError):  # the model's answer, later: dropped
+        completion.send_nowait(final)
