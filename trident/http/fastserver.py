@@ -124,7 +124,7 @@ class _State:
 class _Connection:
     __slots__ = ("state", "stream", "fd", "parser", "cancel_scope", "idle", "served", "reaper_mark", "client",
                  "sockname", "eof", "broken", "linger", "head_deadline", "nursery", "yielded", "streak", "moved", "sent_continue",
-                 "protocol_error", "busy", "seen", "park", "watching", "request_scope", "drained")
+                 "protocol_error", "busy", "seen", "park", "watching", "request_scope", "drained", "answer")
 
     def __init__(self, state: _State, stream: trio.SocketStream) -> None:
         self.state = state
@@ -154,6 +154,7 @@ class _Connection:
         self.request_scope: trio.CancelScope | None = None  # a heavy request's
         self.park: trio.CancelScope | None = None
         self.watching: trio.CancelScope | None = None
+        self.answer = Answer()  # how a queued request's response comes back (one request at a time)
         try:
             self.client: tuple[str, int] | None = tuple(stream.socket.getpeername()[:2])  # type: ignore[assignment]
             self.sockname: tuple[str, int] | None = tuple(stream.socket.getsockname()[:2])  # type: ignore[assignment]
@@ -428,7 +429,8 @@ class _Connection:
                     self.request_scope = None
             return None
         state = self.state
-        answer = Answer()
+        answer = self.answer
+        answer.response = None
         result = state.endpoint.server.infer_now(request, on_done=answer.done)  # type: ignore[union-attr]
         if isinstance(result, InferenceResponse):  # it ran here and now: nothing to watch
             return result
