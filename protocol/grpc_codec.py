@@ -743,6 +743,30 @@ def _raw(data: np.ndarray, datatype: str) -> tuple[Parts, int]:
     return [flat], flat.size
 
 
+# a server answers with the same model names and output metadata again and again: their
+# encodings, by value (bounded: cleared when full)
+_NAMES: dict[tuple[str, str], bytes] = {}
+_OUTPUTS: dict[tuple[str, str, Any], bytes] = {}
+_CACHED_ENCODINGS = 1024
+
+
+def _cache(cache: dict[Any, bytes], key: Any, value: bytes) -> bytes:
+    if len(cache) >= _CACHED_ENCODINGS:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def _output_metadata(tensor: Tensor, parameters: bytes = b"") -> bytes:
+    """An output's ``InferOutputTensor`` field (name, datatype, shape, then ``parameters``)."""
+    shape = b"".join(_ivarint(int(d)) for d in tensor.shape)
+    body = _string(b"\x0a", tensor.name) + _string(b"\x12", tensor.datatype)
+    if shape:
+        body += b"\x1a" + _uvarint(len(shape)) + shape
+    body += parameters
+    return b"\x2a" + _uvarint(len(body)) + body
+
+
 def encode_model_infer_response(
     response: InferenceResponse, parameters: dict[str, ParamValue] | None = None,
     shm_outputs: dict[str, dict[str, ParamValue]] | None = None, shm: ShmOutputLookup | None = None,
@@ -756,11 +780,12 @@ def encode_model_infer_response(
     response alive until they are joined. Raises what writing a shared-memory output raises
     (trident.protocol.kserve.write_shm_output).
     """
-    head = []
-    if response.model_name:
-        head.append(_string(b"\x0a", response.model_name))
-    if response.model_version:
-        head.append(_string(b"\x12", response.model_version))
+    model = (response.model_name, response.model_version)
+    names = _NAMES.get(model)
+    if names is None:
+        names = _cache(_NAMES, model, (_string(b"\x0a", model[0]) if model[0] else b"")
+                       + (_string(b"\x12", model[1]) if model[1] else b""))
+    head = [names]
     if response.id:
         head.append(_string(b"\x1a", response.id))
     params = response.parameters if parameters is None else parameters
@@ -768,13 +793,14 @@ def encode_model_infer_response(
         head.append(_parameters(b"\x22", params))
     raws: list[tuple[Parts, int]] = []
     for tensor in response.outputs:
-        shape = b"".join(_ivarint(int(d)) for d in tensor.shape)
-        body = _string(b"\x0a", tensor.name) + _string(b"\x12", tensor.datatype)
-        if shape:
-            body += b"\x1a" + _uvarint(len(shape)) + shape
         if tensor.parameters:
-            body += _parameters(b"\x22", tensor.parameters)
-        head.append(b"\x2a" + _uvarint(len(body)) + body)
+            head.append(_output_metadata(tensor, _parameters(b"\x22", tensor.parameters)))
+        else:
+            key = (tensor.name, tensor.datatype, tuple(tensor.shape))
+            metadata = _OUTPUTS.get(key)
+            if metadata is None:
+                metadata = _cache(_OUTPUTS, key, _output_metadata(tensor))
+            head.append(metadata)
         if shm_outputs is not None and tensor.name in shm_outputs:
             write_shm_output(tensor, shm_outputs[tensor.name], shm)
             raws.append(([], 0))

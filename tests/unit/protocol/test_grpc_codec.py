@@ -285,6 +285,26 @@ def test_stream_responses_parse_in_upb(response, error, final):
     check_response(decoded.infer_response, response, params)
 
 
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@given(responses())
+def test_a_response_encoded_again_from_the_metadata_caches_is_the_same(response):
+    first = join(encode_model_infer_response(response)[0])
+    again = join(encode_model_infer_response(response)[0])  # names and output metadata cached now
+    assert again == first
+    check_response(pb.ModelInferResponse.FromString(again), response)
+
+
+def test_the_metadata_caches_are_bounded():
+    from trident.protocol import grpc_codec
+
+    for i in range(grpc_codec._CACHED_ENCODINGS + 10):
+        response = InferenceResponse(f"m{i}", "1", "", [Tensor(f"O{i}", "INT8", (1,), np.zeros(1, np.int8))])
+        decoded = pb.ModelInferResponse.FromString(join(encode_model_infer_response(response)[0]))
+        assert (decoded.model_name, decoded.outputs[0].name) == (f"m{i}", f"O{i}")
+    assert len(grpc_codec._NAMES) <= grpc_codec._CACHED_ENCODINGS
+    assert len(grpc_codec._OUTPUTS) <= grpc_codec._CACHED_ENCODINGS
+
+
 def test_response_parts_view_output_arrays():
     array = np.arange(1 << 16, dtype=np.float32)
     parts, _ = encode_model_infer_response(InferenceResponse("m", "1", "", [Tensor.from_numpy("O", array)]))
