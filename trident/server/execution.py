@@ -209,9 +209,10 @@ class Completion:
 
     ``on_final(response)`` runs once, with the final response (an error response included);
     responses before it are dropped (a unary caller keeps only the last). ``cancel()`` (the
-    caller is gone) closes it first: later sends raise trio.BrokenResourceError, as a closed
-    Mailbox's. ``on_close`` runs once either way, before ``on_done``. Exceptions raised by the
-    callbacks are logged, never raised into the deliverer (a model's worker task).
+    caller is gone) runs ``on_cancel`` instead, if it comes first. Either way the completion
+    is then closed (later sends raise trio.BrokenResourceError, as a closed Mailbox's), and
+    the ``on_close`` callbacks run once, before ``on_final`` or ``on_cancel``. Exceptions
+    raised by the callbacks are logged, never raised into the deliverer (a model's worker).
     """
 
     __slots__ = ("_on_final", "_on_cancel", "_on_close", "_closed")
