@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from e2e.grpc_raw import frame, request_headers
-from e2e.test_scheduling import MODEL_PY, executions, pending, started, wait_for
+from e2e.test_scheduling import executions, pending, started, wait_for, write_model
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
@@ -32,23 +32,28 @@ input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }, { name: "ORDER" data_type: TYPE_INT64 dims: [ 1 ] },
          { name: "SIZE" data_type: TYPE_INT64 dims: [ 1 ] } ]
 '''
-# a queue delay: no call runs at once in its caller's place, every one waits in the queue
+# held: a queue delay, so no call runs at once in its caller's place, every one waits in the
+# queue; single: one request at a time, queued behind a running one
 MODELS = {
-    "held": "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 20000 }",
-    "single": "max_batch_size: 1\ndynamic_batching { }",
+    "held": (8, "dynamic_batching { max_queue_delay_microseconds: 20000 }"),
+    "single": (1, "dynamic_batching { }"),
 }
 PATH = "/inference.GRPCInferenceService/ModelInfer"
 
 
 def write_models(repo: Path) -> None:
-    for name, extra in MODELS.items():
-        folder = repo / name
-        (folder / "1").mkdir(parents=True, exist_ok=True)
-        (folder / "1" / "model.py").write_text(MODEL_PY)
-        (folder / "config.pbtxt").write_text(
-            f'backend: "python"\n{IO}\n'
-            f'parameters {{ key: "log" value {{ string_value: "{repo / (name + ".log")}" }} }}\n{extra}\n'
-        )
+    for name, (max_batch_size, extra) in MODELS.items():
+        write_model(repo, name, max_batch_size, extra, io=IO)
+
+
+def block(client: grpcclient.InferenceServerClient, repo: Path, request_id: str, seconds: float) -> threading.Event:
+    """Start a call that keeps the "single" model busy for ``seconds``; returns once it runs
+    (the event is set when it is answered)."""
+    answered = threading.Event()
+    client.async_infer("single", grpc_input(np.array([seconds])), lambda result, error: answered.set(),
+                       request_id=request_id)
+    wait_for(lambda: started(repo, "single", request_id))
+    return answered
 
 
 @pytest.fixture(scope="module")
@@ -194,10 +199,7 @@ def test_a_queued_call_whose_batch_fails_gets_the_models_error(server):
 
 def test_a_queued_call_cancelled_by_its_client_never_executes(server, repo):
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        answered = threading.Event()
-        client.async_infer("single", grpc_input(np.array([2.0])), lambda result, error: answered.set(),
-                           request_id="blocker")
-        wait_for(lambda: started(repo, "single", "blocker"))
+        answered = block(client, repo, "blocker", 2.0)
         outcome: list = []
         context = client.async_infer("single", grpc_input(np.array([0.0])),
                                      lambda result, error: outcome.append(error), request_id="gone")
@@ -215,10 +217,7 @@ def test_a_queued_call_cancelled_by_its_client_never_executes(server, repo):
 
 def test_queued_calls_of_a_closed_connection_are_cancelled_and_release_the_model(server, repo):
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        answered = threading.Event()
-        client.async_infer("single", grpc_input(np.array([2.0])), lambda result, error: answered.set(),
-                           request_id="blocker2")
-        wait_for(lambda: started(repo, "single", "blocker2"))
+        answered = block(client, repo, "blocker2", 2.0)
         host, port = server.grpc_url.split(":")
         sock = socket.create_connection((host, int(port)))
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))

@@ -84,12 +84,12 @@ MODELS = {
 }
 
 
-def write_model(repo: Path, name: str, max_batch_size: int, extra: str) -> Path:
+def write_model(repo: Path, name: str, max_batch_size: int, extra: str, io: str = IO) -> Path:
     folder = repo / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     (folder / "1" / "model.py").write_text(MODEL_PY)
     (folder / "config.pbtxt").write_text(
-        f'backend: "python"\nmax_batch_size: {max_batch_size}\n{IO}\n'
+        f'backend: "python"\nmax_batch_size: {max_batch_size}\n{io}\n'
         f'parameters {{ key: "log" value {{ string_value: "{repo / (name + ".log")}" }} }}\n{extra}\n'
     )
     return folder
