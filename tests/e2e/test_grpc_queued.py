@@ -111,6 +111,20 @@ def infer_all(client: grpcclient.InferenceServerClient, model: str, inputs: list
     return results
 
 
+def settled(count, quiet: float = 0.5, timeout: float = 30.0) -> int:
+    """``count()`` once it is above 0 and has not changed for ``quiet`` seconds."""
+    deadline = time.monotonic() + timeout
+    last, since = count(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = count()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif now > 0 and time.monotonic() - since >= quiet:
+            return now
+    raise AssertionError(f"still changing after {timeout} s (last {last})")
+
+
 def test_queued_calls_of_one_connection_are_answered_from_their_batches(server, repo):
     inputs = [np.array([0.0, i, -i], np.float32) for i in range(64)]
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
@@ -136,7 +150,7 @@ def test_queued_responses_larger_than_the_windows_still_arrive(server):
         np.testing.assert_array_equal(result.as_numpy("Y")[0], values)
 
 
-def test_a_client_that_stops_reading_gets_every_queued_response_in_order(server):
+def test_a_client_that_stops_reading_gets_every_queued_response_in_order(server, repo):
     """Many queued calls answered while the client reads nothing: the server's writes stop
     part-way (a small receive buffer) and what is left goes out later, in order (any frame out
     of place breaks the client's HPACK state or its streams)."""
@@ -166,7 +180,9 @@ def test_a_client_that_stops_reading_gets_every_queued_response_in_order(server)
             conn.send_data(stream_id, body[pos:pos + 16384], end_stream=pos + 16384 >= len(body))
         stream_ids.append(stream_id)
     sock.sendall(conn.data_to_send())
-    time.sleep(2)  # every call is answered meanwhile, into a socket nobody reads
+    # calls are executed and answered into a socket nobody reads, until the server stops
+    # reading requests from a client that does not read its answers (back-pressure)
+    settled(lambda: sum(1 for e in executions(repo, "held") for i in e[4].split(",") if i.startswith("s")))
     data: dict[int, bytearray] = {s: bytearray() for s in stream_ids}
     status: dict[int, bytes] = {}
     while len(status) < count:

@@ -47,9 +47,9 @@ def unary_path(request, monkeypatch):
     return request.param
 
 
-def answered_later(handler):
-    """``Method.now`` for ``handler`` that answers from a task of its own (not the call's: the
-    call has none) through Call.answer / Call.fail, and returns a Later whose cancel cancels
+def answered_later(handler, nursery: trio.Nursery):
+    """``Method.now`` for ``handler`` that answers from a task in ``nursery`` (not the call's:
+    the call has none) through Call.answer / Call.fail, and returns a Later whose cancel cancels
     that task; the handler's awaitable, for the call's task, where the call may not (a deadline)."""
     def now(call: Call, message: bytearray):
         if not call.may_answer_later:
@@ -65,7 +65,7 @@ def answered_later(handler):
                     return
                 call.answer(parts, size)
 
-        trio.lowlevel.spawn_system_task(answer)
+        nursery.start_soon(answer)
         return Later(scope.cancel)
 
     return now
@@ -80,7 +80,8 @@ class Recorder:
         self.metadata: list = []
 
 
-def methods(rec: Recorder) -> dict[str, Method]:
+def methods(rec: Recorder, nursery: trio.Nursery) -> dict[str, Method]:
+    """The test methods; ``nursery`` holds the tasks that answer calls later (``later``)."""
     async def echo(call: Call, message: bytearray):
         return [bytes(message)], len(message)
 
@@ -135,7 +136,7 @@ def methods(rec: Recorder) -> dict[str, Method]:
              "SlowReader": Method(slow_reader, streaming=True), "Flood": Method(flood, streaming=True),
              "Bidi": Method(bidi, streaming=True)}
     if NOW == "later":
-        table.update({name: Method(table[name].handler, now=answered_later(table[name].handler))
+        table.update({name: Method(table[name].handler, now=answered_later(table[name].handler, nursery))
                       for name in ("Echo", "Fail", "Wait", "Meta")})
     elif NOW == "now":
         def echo_now(call: Call, message: bytearray):
@@ -159,7 +160,7 @@ async def served(nursery):
 
     async def run(task_status):
         with scope:
-            await serve_methods(methods(rec), config, host="127.0.0.1", port=0, grace_period=5,
+            await serve_methods(methods(rec, nursery), config, host="127.0.0.1", port=0, grace_period=5,
                                 task_status=task_status)
 
     port = await nursery.start(run)
@@ -443,7 +444,7 @@ async def test_drain_grace_period_cancels_what_is_left(nursery):
 
     async def run(task_status):
         with scope:
-            await serve_methods(methods(rec), TransportConfig(), host="127.0.0.1", port=0, grace_period=0.2,
+            await serve_methods(methods(rec, nursery), TransportConfig(), host="127.0.0.1", port=0, grace_period=0.2,
                                 task_status=task_status)
         done.set()
 
@@ -479,7 +480,7 @@ async def test_tls_with_alpn(nursery, tmp_path):
     from trident.options import ServerOptions
 
     context = ssl_context(ServerOptions(grpc_use_ssl=True, grpc_server_cert=str(cert), grpc_server_key=str(key)))
-    port = await nursery.start(partial(serve_methods, methods(Recorder()), TransportConfig(), host="127.0.0.1",
+    port = await nursery.start(partial(serve_methods, methods(Recorder(), nursery), TransportConfig(), host="127.0.0.1",
                                        port=0, ssl_context=context))
 
     def call():
@@ -518,7 +519,7 @@ async def start(nursery, budget: ServerBudget | None = None, **config) -> tuple[
     """A test server with TransportConfig(**config) (max message MAX, window WINDOW unless given)."""
     rec = Recorder()
     config = {"max_message_size": MAX, "initial_window_size": WINDOW, **config}
-    port = await nursery.start(partial(serve_methods, methods(rec), TransportConfig(**config), host="127.0.0.1",
+    port = await nursery.start(partial(serve_methods, methods(rec, nursery), TransportConfig(**config), host="127.0.0.1",
                                        port=0, grace_period=1, budget=budget))
     return port, rec
 
@@ -807,7 +808,7 @@ async def test_large_responses_are_written_from_their_parts(nursery):
     config = TransportConfig(max_message_size=big * 2, initial_window_size=WINDOW)
 
     async def run(task_status):
-        await serve_methods(methods(rec), config, host="127.0.0.1", port=0, grace_period=5, task_status=task_status)
+        await serve_methods(methods(rec, nursery), config, host="127.0.0.1", port=0, grace_period=5, task_status=task_status)
 
     port = await nursery.start(run)
     message = bytes(range(256)) * (big // 256) + b"tail"

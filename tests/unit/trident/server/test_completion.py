@@ -109,7 +109,7 @@ async def test_an_ended_completion_leaves_no_cycle_for_the_garbage_collector():
     held are freed by reference counting alone, at once."""
 
     class Held:
-        pass
+        """Something only the callbacks hold (weakly referenceable)."""
 
     gc.disable()
     try:
