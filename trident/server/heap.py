@@ -12,16 +12,28 @@ first: after start-up and after a load, :func:`settle` collects the objects not 
 old versions of a reload) it unfreezes everything and runs one full collection, so that
 reference cycles of the unloaded model are freed, then freezes again. Each call blocks the loop
 for one collection; repository changes only (never per request; not during shutdown).
+
+The youngest generation is collected after :data:`YOUNG_THRESHOLD` net container allocations
+instead of CPython's 700. Under load, the requests in flight hold a few thousand young objects
+at any moment, so 700 was crossed every couple of dozen requests and each collection walked all
+of them (gRPC ``add_sub``, 64 streams: 8,015 collections of 97 us in 36 s, 2.8% of the CPU with
+the older generations they fed). Requests free their objects by reference counting, so a higher
+threshold leaves little garbage waiting: at most that many container objects.
 """
 
 from __future__ import annotations
 
 import gc
 
+YOUNG_THRESHOLD = 10_000
+"""Net container allocations that start a collection of the youngest generation."""
+
 
 def settle(*, unloaded: bool = False) -> None:
     """Collect the garbage there is now, then freeze the rest of the heap (``unloaded``: a model
     went away: unfreeze first, so that its cycles among the frozen objects are collected too)."""
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, middle, old)
     if unloaded:
         gc.unfreeze()
     gc.collect()
