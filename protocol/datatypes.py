@@ -11,6 +11,7 @@ Representation in trident (documented in README "Datatypes"):
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterable
 
@@ -101,10 +102,7 @@ def api_to_config(datatype: str) -> str:
 
 
 def element_count(shape: Iterable[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return math.prod(shape)
 
 
 # ---- BYTES wire form: each element is a 4-byte little-endian length then the bytes ----

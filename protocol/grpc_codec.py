@@ -264,7 +264,7 @@ _SHORT_SHAPE = 640  # packed shapes up to this many bytes are decoded element by
 
 
 class _Input:
-    __slots__ = ("name", "datatype", "shape", "rank", "parameters", "contents")
+    __slots__ = ("name", "datatype", "shape", "rank", "parameters", "contents", "plain")
 
     def __init__(self) -> None:
         self.name = ""
@@ -273,6 +273,9 @@ class _Input:
         self.rank = 0  # dims on the wire
         self.parameters: dict[str, ParamValue] = {}
         self.contents: list[tuple[int, int]] | None = None  # spans of InferTensorContents
+        # a valid fixed-size tensor that takes raw contents: (dtype, shape, byte size), found once
+        # per decoded message (and so once for a cached one); None: _tensors takes the long way
+        self.plain: tuple[np.dtype, tuple[int, ...], int] | None = None
 
 
 #: InferInputTensor messages without contents (name, datatype, shape, parameters), decoded once:
@@ -367,6 +370,10 @@ def _input(buf: _Bytes, view: memoryview, pos: int, stop: int, outputs: bool = F
             pos = _skip(buf, pos, tag, stop)
     if pos != stop:
         raise DecodeError("truncated tensor message")
+    if not outputs and t.contents is None and t.rank <= _MAX_DIMS and "shared_memory_region" not in t.parameters:
+        dtype = _DTYPES.get(t.datatype)
+        if dtype is not None and t.datatype != "BYTES" and (not t.shape or min(t.shape) >= 0):
+            t.plain = (dtype, tuple(t.shape), datatypes.element_count(t.shape) * dtype.itemsize)
     return t
 
 
@@ -504,6 +511,19 @@ def _tensors(buf: _Bytes, view: memoryview, model: str, inputs: list[_Input], ra
     out: list[Tensor] = []
     index = -1
     for t in inputs:
+        plain = t.plain
+        if plain is not None and raw:  # the common case, checked once when its message was decoded
+            index += 1
+            dtype, shape, size = plain
+            data = raw[index]
+            if len(data) != size:
+                raise _byte_size_mismatch(t, model, size, len(data))
+            try:
+                array = np.frombuffer(data, dtype=dtype).reshape(shape)
+            except ValueError as e:  # dimensions numpy cannot hold (a zero among huge ones)
+                raise invalid_arg(f"invalid shape {t.shape} for input '{t.name}' for model '{model}': {e}") from None
+            out.append(Tensor(t.name, t.datatype, shape, array, dict(t.parameters) if t.parameters else {}))
+            continue
         dtype = _DTYPES.get(t.datatype)
         if dtype is None:
             raise invalid_arg(f"invalid datatype '{t.datatype}' for input '{t.name}' for model '{model}'")

@@ -143,6 +143,25 @@ def test_raw_inputs_view_the_received_buffer():
     np.testing.assert_array_equal(tensor.data, np.arange(16, dtype=np.float32).reshape(4, 4))
 
 
+def test_a_repeated_input_is_checked_against_each_requests_raw_contents():
+    # the second message's tensor metadata comes from the decode cache, with its checks done once
+    for size, expected in ((8, None), (6, "Expected 8, got 6"), (8, None), (12, "Expected 8, got 12")):
+        m = request_with(datatype="FP32", shape=[1, 2])
+        m.raw_input_contents.append(np.arange(size // 4, dtype="<f4").tobytes() + b"\x00" * (size % 4))
+        if expected is None:
+            tensor = decode_model_infer_request(m.SerializeToString()).inputs[0]
+            assert tensor.shape == (1, 2) and tensor.data.shape == (1, 2) and tensor.data.tolist() == [[0.0, 1.0]]
+        else:
+            assert expected in error_of(m).message
+
+
+def test_a_zero_sized_input_with_dimensions_numpy_cannot_hold_is_invalid_arg():
+    m = request_with(datatype="FP32", shape=[0, 1 << 62, 1 << 62])
+    m.raw_input_contents.append(b"")
+    error = error_of(m)
+    assert error.code == Code.INVALID_ARG and "invalid shape" in error.message
+
+
 def test_unpacked_repeated_fields_decode_too():
     # proto2-style writers send repeated scalars one by one; the wire format allows it
     body = b"\x0a\x01A" + b"\x12\x05INT64" + b"\x18\x03" + b"\x2a\x06" + b"\x18\x01\x18\x02\x18\x7f"
