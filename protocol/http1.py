@@ -266,6 +266,8 @@ class RequestParser:
         if self._state != _HEAD:
             raise RuntimeError("next_head() called before the previous request was finished")
         buf = self._buf
+        if not buf:  # the usual state between two requests of a connection
+            return None
         if buf[:1] in (b"\r", b"\n"):  # empty lines before a request are ignored (RFC 9112 §2.2)
             del buf[: len(buf) - len(buf.lstrip(b"\r\n"))]
             self._scanned = 0
