@@ -96,6 +96,7 @@ class Tracer:
         self._otel_settings = otel or {}
         self._otel: Any = None
         self._generation = -1
+        self._quiet = -2  # a settings generation under which no request is sampled (no model settings, global off)
         self._states: dict[str, _State] = {}  # owner ("" = global) -> state
         self._retired: list[_State] = []
         self._next_id = 1
@@ -133,8 +134,13 @@ class Tracer:
             if trace.tensors:
                 trace.inputs = [_tensor_entry(trace.id, "TENSOR_QUEUE_INPUT", t) for t in request.inputs]
             return trace
+        generation = self.settings.generation
+        if generation == self._quiet:
+            return None
         state = self._state(model)
         if not state.levels or state.remaining == 0 or (state.mode == "triton" and not state.file):
+            if not self.settings.model_settings:  # every model has the global state: none samples until a change
+                self._quiet = generation
             return None
         state.seen += 1
         if state.rate <= 0 or state.seen % state.rate:

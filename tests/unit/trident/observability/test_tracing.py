@@ -139,3 +139,16 @@ async def test_buffered_traces_are_text_the_collector_never_walks(tmp_path):
     assert len(entries) == 50 * 4  # head, timestamps, the input tensor, the output tensor
     tensors = [e for e in entries if "activity" in e]
     assert tensors[0]["activity"] == "TENSOR_QUEUE_INPUT" and tensors[1]["activity"] == "TENSOR_BACKEND_OUTPUT"
+
+
+def test_sampling_resumes_when_settings_change_after_requests_went_untraced(tmp_path):
+    settings = TraceSettings()
+    tracer = Tracer(settings)
+    assert [tracer.sample("m", 1, _request(i)) for i in range(3)] == [None, None, None]  # tracing off
+    settings.update("", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_file": str(tmp_path / "t.json")})
+    assert tracer.sample("m", 1, _request(3)) is not None
+    settings.update("", {"trace_level": ["OFF"]})
+    assert tracer.sample("m", 1, _request(4)) is None
+    settings.update("m", {"trace_level": ["TIMESTAMPS"]})  # one model's own settings: it samples again
+    assert tracer.sample("m", 1, _request(5)) is not None
+    assert tracer.sample("other", 1, _request(6)) is None
