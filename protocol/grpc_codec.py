@@ -514,12 +514,12 @@ def _tensors(buf: _Bytes, view: memoryview, model: str, inputs: list[_Input], ra
         plain = t.plain
         if plain is not None and raw:  # the common case, checked once when its message was decoded
             index += 1
-            dtype, shape, size = plain
+            plain_dtype, shape, size = plain
             data = raw[index]
             if len(data) != size:
                 raise _byte_size_mismatch(t, model, size, len(data))
             try:
-                array = np.frombuffer(data, dtype=dtype).reshape(shape)
+                array = np.frombuffer(data, dtype=plain_dtype).reshape(shape)
             except ValueError as e:  # dimensions numpy cannot hold (a zero among huge ones)
                 raise invalid_arg(f"invalid shape {t.shape} for input '{t.name}' for model '{model}': {e}") from None
             out.append(Tensor(t.name, t.datatype, shape, array, dict(t.parameters) if t.parameters else {}))
