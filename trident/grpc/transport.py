@@ -192,6 +192,29 @@ class ServerBudget:
 class Call:
     """One RPC as its handler sees it. Created and driven by :class:`Connection`."""
 
+    # What a call starts with, as class attributes: a call on the direct path (a unary call
+    # whose message came in one read) never sets most of them, and its creation costs less.
+    #: set by a handler whose responses may be gzip-compressed (when the client accepts it)
+    compress_responses = False
+    reset = False
+    scope: trio.CancelScope | None = None
+    _decoder: framing.MessageDecoder | None = None  # made by the first DATA the call reads itself
+    _queued = 0  # bytes of the messages in _queue
+    _held = 0  # bytes this call has charged to the budgets
+    partial_since = math.inf  # when the message in progress started (inf: none)
+    _ended = False
+    _error: FramingError | None = None
+    _unacked = 0
+    _wakeup: trio.Event | None = None
+    _headers_sent = False
+    _send_lock: trio.Lock | None = None  # created by the first send_message
+    #: a unary call whose task is not started yet (Method.now): the connection looks at it
+    #: each time its stream moves (:meth:`Connection._dispatch`)
+    deferred: Method | None = None
+    #: the unary method run by Method.now, and what it returned to answer later (a Later)
+    method: Method | None = None
+    later: Later | None = None
+
     def __init__(self, conn: Connection, stream_id: int, path: str, headers: Sequence[tuple[bytes, bytes]],
                  deadline: float, encoding: str | None, response_encoding: str | None) -> None:
         self.conn = conn
@@ -203,27 +226,7 @@ class Call:
         #: how responses a handler marks compressible are compressed (the client's
         #: grpc-accept-encoding: gzip, else deflate), or None
         self.response_encoding = response_encoding
-        #: set by a handler whose responses may be gzip-compressed (when the client accepts it)
-        self.compress_responses = False
-        self.reset = False
-        self.scope: trio.CancelScope | None = None
-        self._decoder = framing.MessageDecoder(conn.config.max_message_size)
         self._queue: deque[tuple[bool, bytearray]] = deque()
-        self._queued = 0  # bytes of the messages in _queue
-        self._held = 0  # bytes this call has charged to the budgets
-        self.partial_since = math.inf  # when the message in progress started (inf: none)
-        self._ended = False
-        self._error: FramingError | None = None
-        self._unacked = 0
-        self._wakeup: trio.Event | None = None
-        self._headers_sent = False
-        self._send_lock: trio.Lock | None = None  # created by the first send_message
-        #: a unary call whose task is not started yet (Method.now): the connection looks at it
-        #: each time its stream moves (:meth:`Connection._dispatch`)
-        self.deferred: Method | None = None
-        #: the unary method run by Method.now, and what it returned to answer later (a Later)
-        self.method: Method | None = None
-        self.later: Later | None = None
 
     @property
     def may_answer_later(self) -> bool:
@@ -266,6 +269,8 @@ class Call:
             return
         held = bool(self._queue)
         decoder = self._decoder
+        if decoder is None:
+            decoder = self._decoder = framing.MessageDecoder(conn.config.max_message_size)
         try:
             messages = decoder.feed(data)
         except FramingError as e:
@@ -295,7 +300,8 @@ class Call:
     def _fail(self, error: FramingError) -> None:
         """The stream cannot go on receiving: drop what it buffered; recv() raises ``error``."""
         self._error = error
-        self._decoder.discard()
+        if self._decoder is not None:
+            self._decoder.discard()
         self._queue.clear()
         self._queued = 0
         self.partial_since = math.inf
@@ -339,7 +345,8 @@ class Call:
             if self._error is not None:
                 raise self._error
             if self._ended:
-                self._decoder.close()
+                if self._decoder is not None:
+                    self._decoder.close()
                 return None
             self._wakeup = event = trio.Event()
             await event.wait()

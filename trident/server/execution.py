@@ -79,6 +79,14 @@ class Responder:
     (``response=None``) is allowed. Sending after the final one raises TritonError.
     """
 
+    # what every responder starts with (class attributes: set on the instance once they change)
+    complete = False
+    #: set by the backend when the model answers this request later, from its own threads
+    #: (a non-decoupled Python model whose execute returned None): the executor sends nothing
+    deferred = False
+    sent = 0
+    undelivered = 0
+
     def __init__(self, channel: Mailbox | Completion, token: trio.lowlevel.TrioToken,
                  request: InferenceRequest,
                  finish: Callable[[InferenceRequest, InferenceResponse], InferenceResponse]) -> None:
@@ -87,12 +95,6 @@ class Responder:
         self._trio_thread = threading.get_ident()
         self._request = request
         self._finish = finish
-        self.complete = False
-        #: set by the backend when the model answers this request later, from its own threads
-        #: (a non-decoupled Python model whose execute returned None): the executor sends nothing
-        self.deferred = False
-        self.sent = 0
-        self.undelivered = 0
         self.window = Window(request.response_window) if request.response_window > 0 else None
 
     def is_cancelled(self) -> bool:
