@@ -518,11 +518,7 @@ def _tensors(buf: _Bytes, view: memoryview, model: str, inputs: list[_Input], ra
             data = raw[index]
             if len(data) != size:
                 raise _byte_size_mismatch(t, model, size, len(data))
-            try:
-                array = np.frombuffer(data, dtype=plain_dtype).reshape(shape)
-            except ValueError as e:  # dimensions numpy cannot hold (a zero among huge ones)
-                raise invalid_arg(f"invalid shape {t.shape} for input '{t.name}' for model '{model}': {e}") from None
-            out.append(Tensor(t.name, t.datatype, shape, array, dict(t.parameters) if t.parameters else {}))
+            out.append(_shaped(t, np.frombuffer(data, dtype=plain_dtype), shape, model))
             continue
         dtype = _DTYPES.get(t.datatype)
         if dtype is None:
@@ -562,12 +558,17 @@ def _tensors(buf: _Bytes, view: memoryview, model: str, inputs: list[_Input], ra
             array = np.empty(0, dtype=dtype)
         else:
             raise invalid_arg(f"expected tensor data for input tensor '{t.name}' for model '{model}'")
-        try:
-            array = array.reshape(t.shape)
-        except ValueError as e:  # more than 64 dimensions, or dimensions whose product overflows
-            raise invalid_arg(f"invalid shape {t.shape} for input '{t.name}' for model '{model}': {e}") from None
-        out.append(Tensor(t.name, t.datatype, tuple(t.shape), array, dict(t.parameters) if t.parameters else {}))
+        out.append(_shaped(t, array, tuple(t.shape), model))
     return out
+
+
+def _shaped(t: _Input, array: np.ndarray, shape: tuple[int, ...], model: str) -> Tensor:
+    """The request's tensor of input ``t``: ``array`` (its elements, flat) in ``shape``."""
+    try:
+        array = array.reshape(shape)
+    except ValueError as e:  # dimensions numpy cannot hold (too many, or a zero among huge ones)
+        raise invalid_arg(f"invalid shape {t.shape} for input '{t.name}' for model '{model}': {e}") from None
+    return Tensor(t.name, t.datatype, shape, array, dict(t.parameters) if t.parameters else {})
 
 
 def _byte_size_mismatch(t: _Input, model: str, expected: int, got: int) -> Exception:

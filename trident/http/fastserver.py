@@ -429,8 +429,7 @@ class _Connection:
                     self.request_scope = None
             return None
         state = self.state
-        answer = self.answer
-        answer.response = None
+        answer = self.answer  # empty: each wait() hands its response over
         result = state.endpoint.server.infer_now(request, on_done=answer.done)  # type: ignore[union-attr]
         if isinstance(result, InferenceResponse):  # it ran here and now: nothing to watch
             return result

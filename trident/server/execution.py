@@ -281,8 +281,9 @@ class Answer:
             trio.lowlevel.reschedule(task)
 
     async def wait(self, completion: Completion) -> InferenceResponse:
-        """The final response (an error response included). Cancellation cancels the request
-        (``completion.cancel()``)."""
+        """The final response (an error response included), handed over: the Answer is empty
+        again, ready for the next request, and keeps nothing alive meanwhile. Cancellation
+        cancels the request (``completion.cancel()``)."""
         if self.response is None:
             self._task = trio.lowlevel.current_task()
 
@@ -294,8 +295,9 @@ class Answer:
             await trio.lowlevel.wait_task_rescheduled(abort)
         else:
             await trio.lowlevel.checkpoint()
-        assert self.response is not None
-        return self.response
+        response, self.response = self.response, None
+        assert response is not None
+        return response
 
 
 def _ignore(*args: Any) -> None:

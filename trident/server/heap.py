@@ -17,8 +17,9 @@ The youngest generation is collected after :data:`YOUNG_THRESHOLD` net container
 instead of CPython's 700. Under load, the requests in flight hold a few thousand young objects
 at any moment, so 700 was crossed every couple of dozen requests and each collection walked all
 of them (``add_sub`` over gRPC and HTTP at 8 and 64 connections: 8,015 collections of 97 us in
-48 s of load, about 2% of the CPU with the older generations they fed). Requests free their objects by reference counting, so a higher
-threshold leaves little garbage waiting: at most that many container objects.
+48 s of load, about 2% of the CPU with the older generations they fed). Requests free their
+objects by reference counting, so a higher threshold leaves little garbage waiting: at most that
+many container objects.
 """
 
 from __future__ import annotations

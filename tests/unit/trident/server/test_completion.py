@@ -142,6 +142,7 @@ async def test_an_answer_wakes_its_task_and_its_cancellation_cancels_the_request
         await trio.testing.wait_all_tasks_blocked()
         completion.send_nowait(final)
     assert got == [final] and log.events == []
+    assert answer.response is None  # handed over: the Answer keeps no response alive
 
     answer = Answer()
     completion = Completion(answer.done, lambda: log.events.append("cancelled"))
