@@ -183,6 +183,45 @@ def test_a_stalled_body_gets_408_and_the_connection_closes(server):
     assert r.status_code == 200  # and the server carries on
 
 
+def test_an_infer_body_in_many_slow_pieces_is_served_while_it_keeps_the_pace(server):
+    """A body that arrives over more than the 0.5 s body timeout, in pieces each sooner than it
+    and faster than MIN_BODY_RATE in all, is read whole and answered."""
+    body = json_body("FP32", b"1.5", 60000)  # ~240 KB: 8 pieces of ~30 KB, one every 0.2 s
+    step = len(body) // 8 + 1
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=20) as sock:
+        sock.sendall(post_head(b"/v2/models/count_fp32/infer", len(body)))
+        for i in range(0, len(body), step):
+            time.sleep(0.2)
+            sock.sendall(body[i : i + step])
+        data = read_response(sock)
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert json.loads(data.split(b"\r\n\r\n", 1)[1])["outputs"][0]["data"] == [60000]
+
+
+def test_an_infer_body_dripping_slower_than_the_minimum_rate_gets_408(server):
+    """A byte every 0.1 s never pauses for the 0.5 s body timeout, but falls behind MIN_BODY_RATE."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=20) as sock:
+        sock.sendall(post_head(b"/v2/models/count_fp32/infer", 1000) + b"{")
+        start = time.monotonic()
+        answered = b""
+        while not answered and time.monotonic() - start < 10:
+            time.sleep(0.1)
+            try:
+                sock.sendall(b" ")
+                answered = sock.recv(65536, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            except OSError:  # closed after the answer: read what it sent
+                break
+        elapsed = time.monotonic() - start
+        sock.settimeout(5)
+        data = answered
+        while chunk := sock.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+    assert elapsed < 5  # 0.5 s, plus about one second for the bytes that came
+
+
 def test_a_10000_dimension_shape_is_400_without_a_traceback(server):
     body = json.dumps({"inputs": [{"name": "IN", "shape": [1] * 10_000, "datatype": "FP32", "data": [1.0]}]})
     r = httpx.post(f"http://{server.http_url}/v2/models/count_fp32/infer", content=body)

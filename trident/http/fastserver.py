@@ -363,52 +363,74 @@ class _Connection:
         """
         if head.content_length is not None and head.content_length > limit:
             raise too_large(head.content_length, limit)
+        try:
+            got = self.parser.next_body()
+        except ProtocolError as exc:
+            self.protocol_error = exc
+            raise Disconnected from None
+        if got is not None and got[1]:  # the whole body came with the head (the usual case)
+            if len(got[0]) > limit:
+                raise too_large(len(got[0]), limit)
+            return got[0]
+        return await self._wait_body(head, limit, got)
+
+    async def _wait_body(self, head: RequestHead, limit: int, got: tuple[bytes, bool] | None) -> bytes | bytearray:
+        """:meth:`_read_body` for a body that is still arriving (``got``: the parser's first
+        piece, None if it had none). One cancel scope for the whole body: its deadline is moved
+        before each wait to ``body_timeout`` from then, or earlier when the body drips slower
+        than MIN_BODY_RATE (``body_timeout`` from the first wait plus 1 s per MIN_BODY_RATE
+        bytes received)."""
         parser = self.parser
         body: bytearray | None = None
-        deadline = _NEVER  # body_timeout from the first wait, plus 1 s per MIN_BODY_RATE bytes received
+        deadline = _NEVER
         body_timeout = self.state.body_timeout
-        while True:
-            try:
-                got = parser.next_body()
-                while got is None:
-                    if head.expect_continue and not self.sent_continue:
-                        self.sent_continue = True
-                        await self.write(CONTINUE)
-                    remaining = parser.body_remaining
-                    size = (BODY_RECEIVE_SIZE if remaining is None
-                            else max(RECEIVE_SIZE, min(remaining, BODY_RECEIVE_SIZE)))
-                    data = None
-                    now = trio.current_time()
-                    if deadline == _NEVER:
-                        deadline = now + body_timeout
-                    with trio.move_on_at(min(now + body_timeout, deadline)):
+        with trio.CancelScope() as scope:
+            while True:
+                try:
+                    while got is None:
+                        if head.expect_continue and not self.sent_continue:
+                            self.sent_continue = True
+                            await self.write(CONTINUE)
+                        remaining = parser.body_remaining
+                        size = (BODY_RECEIVE_SIZE if remaining is None
+                                else max(RECEIVE_SIZE, min(remaining, BODY_RECEIVE_SIZE)))
+                        now = trio.current_time()
+                        if deadline == _NEVER:
+                            deadline = now + body_timeout
+                        scope.deadline = min(now + body_timeout, deadline)
                         data = await self._recv(size)
-                    if data is None:  # a pause too long, or a body dripping slower than MIN_BODY_RATE
-                        raise ProtocolError(HTTPStatus.REQUEST_TIMEOUT, "request body timeout")
-                    if not data:
-                        self.eof = True
-                        raise Disconnected
-                    deadline += len(data) / MIN_BODY_RATE
-                    got = parser.body_from(data)
-            except ProtocolError as exc:
-                self.protocol_error = exc
-                raise Disconnected from None
-            except _STREAM_ERRORS:
-                self.broken = True
-                raise Disconnected from None
-            chunk, done = got
-            if body is None:
-                if len(chunk) > limit:
-                    raise too_large(len(chunk), limit)
+                        if not data:
+                            self.eof = True
+                            raise Disconnected
+                        deadline += len(data) / MIN_BODY_RATE
+                        got = parser.body_from(data)
+                except ProtocolError as exc:
+                    self.protocol_error = exc
+                    raise Disconnected from None
+                except _STREAM_ERRORS:
+                    self.broken = True
+                    raise Disconnected from None
+                chunk, done = got
+                if body is None:
+                    if len(chunk) > limit:
+                        raise too_large(len(chunk), limit)
+                    if done:
+                        return chunk  # the whole body in one piece: no copy
+                    body = bytearray(chunk)
+                else:
+                    if len(body) + len(chunk) > limit:
+                        raise too_large(len(body) + len(chunk), limit)
+                    body += chunk
                 if done:
-                    return chunk  # the whole body in one piece: no copy
-                body = bytearray(chunk)
-            else:
-                if len(body) + len(chunk) > limit:
-                    raise too_large(len(body) + len(chunk), limit)
-                body += chunk
-            if done:
-                return body
+                    return body
+                try:
+                    got = parser.next_body()
+                except ProtocolError as exc:
+                    self.protocol_error = exc
+                    raise Disconnected from None
+        # a pause too long, or a body dripping slower than MIN_BODY_RATE
+        self.protocol_error = ProtocolError(HTTPStatus.REQUEST_TIMEOUT, "request body timeout")
+        raise Disconnected
 
     async def _run(self, request: InferenceRequest, heavy: bool) -> InferenceResponse | None:
         """``server.infer(request)``: here and now when it can (Server.infer_now: nothing to
