@@ -26,6 +26,8 @@ from collections.abc import Iterable, Sequence
 from email.utils import formatdate
 from http import HTTPStatus
 
+from mypy_extensions import mypyc_attr
+
 DEFAULT_MAX_HEAD_SIZE = 64 * 1024
 MAX_CHUNK_LINE = 4096  # a chunk-size line, extensions included
 _JOIN_LIMIT = 64 * 1024  # wire pieces smaller than this are joined into one write
@@ -49,6 +51,7 @@ class ProtocolError(Exception):
         self.message = message
 
 
+@mypyc_attr(native_class=False)  # compiled (trident.native), a RuntimeError subclass must stay a Python class
 class ResponseError(RuntimeError):
     """The application asked for a response that cannot be framed (the connection must close)."""
 

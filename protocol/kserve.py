@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import orjson
 
 from trident.errors import Code, TritonError, internal, invalid_arg, unsupported
 from trident.protocol import datatypes, json_slices
@@ -45,30 +46,16 @@ from trident.types import (
     TensorMetadata,
 )
 
-try:
-    import orjson
+_OPT_NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
-    _OPT_NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
-    def _loads(data: bytes | bytearray | memoryview) -> Any:
-        return orjson.loads(data)
+def _loads(data: bytes | bytearray | memoryview) -> Any:
+    return orjson.loads(data)
 
-    def dumps(obj: Any) -> bytes:
-        """Serialize to compact UTF-8 JSON (numpy arrays allowed when orjson is present)."""
-        return orjson.dumps(obj, option=_OPT_NUMPY)
 
-    _NUMPY_JSON = True
-except ImportError:  # pragma: no cover - orjson is a dependency; the fallback keeps the codec usable
-    import json
-
-    def _loads(data: bytes | bytearray | memoryview) -> Any:
-        return json.loads(bytes(data))
-
-    def dumps(obj: Any) -> bytes:
-        """Serialize to compact UTF-8 JSON."""
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-    _NUMPY_JSON = False
+def dumps(obj: Any) -> bytes:
+    """Serialize to compact UTF-8 JSON (numpy arrays allowed)."""
+    return orjson.dumps(obj, option=_OPT_NUMPY)
 
 __all__ = [
     "Inflater",
@@ -737,12 +724,11 @@ def encode_infer_response(
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs_json
     long_lists: list[np.ndarray] = []
-    if _NUMPY_JSON:
-        for out in outputs_json:
-            data = out.get("data")
-            if isinstance(data, np.ndarray) and data.size > _ENCODE_SLICE:
-                out["data"] = f"{_LIST_MARKER}{len(long_lists)}"
-                long_lists.append(data)
+    for out in outputs_json:
+        data = out.get("data")
+        if isinstance(data, np.ndarray) and data.size > _ENCODE_SLICE:
+            out["data"] = f"{_LIST_MARKER}{len(long_lists)}"
+            long_lists.append(data)
     header = dumps(doc)
     pieces = _splice_lists(header, long_lists) if long_lists else [header]
     if not blobs:
@@ -882,11 +868,7 @@ def json_data(datatype: str, data: np.ndarray) -> Any:
         flat = datatypes.bf16_to_float32(flat)
     if flat.dtype.byteorder == ">":
         flat = flat.astype(flat.dtype.newbyteorder("<"))
-    if _NUMPY_JSON:
-        return np.ascontiguousarray(flat)
-    if flat.dtype.kind == "f" and not np.isfinite(flat).all():  # pragma: no cover - fallback only
-        return [v if np.isfinite(v) else None for v in flat.tolist()]
-    return flat.tolist()  # pragma: no cover - fallback only
+    return np.ascontiguousarray(flat)
 
 
 # ---- typed snapshots of the server's state as JSON (the HTTP API's shapes) -------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import pytest
@@ -187,7 +188,7 @@ def test_a_run_of_data_frames_is_counted_frame_by_frame_and_what_follows_is_stil
     for flood, abuse in ((frame(DATA, 0, 1) * 11, TOO_MANY_CONTROL_FRAMES),  # empty DATA: zero progress
                          (frame(DATA, 0x8, 1, b"\x00") * 11, TOO_MANY_CONTROL_FRAMES),  # padding only
                          (frame(RST_STREAM, 0, 1, b"\x00\x00\x00\x08") * 11, TOO_MANY_RESETS)):
-        whole, split = started(GuardLimits(**{**LIMITS.__dict__, "slice_frames": 1000})), started()
+        whole, split = started(dataclasses.replace(LIMITS, slice_frames=1000)), started()
         whole.feed(run + flood, 0.0)
         data = run + flood
         for i in range(0, len(data), 7):

@@ -412,7 +412,8 @@ def test_a_repeated_head_parses_alike_and_shares_its_immutable_header_tuple():
     data = b"POST /v2/x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nX-Mixed: V\r\n\r\n"
     first, second = one_head(data), one_head(data)  # the second comes from the head cache
     assert first is not None and second is not None and first is not second
-    for name in RequestHead.__slots__:
+    for name in ("method", "target", "http_version", "headers", "content_length", "chunked", "keep_alive",
+                 "expect_continue"):
         assert getattr(first, name) == getattr(second, name), name
     assert isinstance(first.headers, tuple) and first.headers is second.headers
     assert first.headers == ((b"host", b"a"), (b"content-length", b"3"), (b"x-mixed", b"V"))
