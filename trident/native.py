@@ -69,7 +69,8 @@ def protocol_dir() -> str:
     """Where trident.protocol's sources are (an editable install's checkout, or site-packages)."""
     spec = importlib.util.find_spec("trident.protocol")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("trident.protocol is not importable")
+        raise RuntimeError("trident.protocol is not importable from here: in a source checkout that is not "
+                           "installed in editable mode (pip install -e), run this from another directory")
     return list(spec.submodule_search_locations)[0]
 
 
