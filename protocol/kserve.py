@@ -49,10 +49,6 @@ from trident.types import (
 _OPT_NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
-def _loads(data: bytes | bytearray | memoryview) -> Any:
-    return orjson.loads(data)
-
-
 def dumps(obj: Any) -> bytes:
     """Serialize to compact UTF-8 JSON (numpy arrays allowed)."""
     return orjson.dumps(obj, option=_OPT_NUMPY)
@@ -103,8 +99,8 @@ def parse_json(body: bytes | bytearray | memoryview, convert: json_slices.Conver
     """
     try:
         if len(body) >= LARGE_JSON:
-            return json_slices.loads(body, _loads, json_slices.SLICE_SIZE, convert)
-        return _loads(body)
+            return json_slices.loads(body, orjson.loads, json_slices.SLICE_SIZE, convert)
+        return orjson.loads(body)
     except ValueError as exc:  # orjson.JSONDecodeError / json.JSONDecodeError / UnicodeDecodeError
         raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
 

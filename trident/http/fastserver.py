@@ -363,23 +363,18 @@ class _Connection:
         """
         if head.content_length is not None and head.content_length > limit:
             raise too_large(head.content_length, limit)
-        try:
-            got = self.parser.next_body()
-        except ProtocolError as exc:
-            self.protocol_error = exc
-            raise Disconnected from None
-        if got is not None and got[1]:  # the whole body came with the head (the usual case)
-            if len(got[0]) > limit:
-                raise too_large(len(got[0]), limit)
-            return got[0]
-        return await self._wait_body(head, limit, got)
+        if head.content_length is not None and self.parser.buffered >= head.content_length:
+            # the whole body came with the head (the usual case): taken in one piece, no wait
+            got = self.parser.next_body(head.content_length)
+            if got is not None and got[1]:
+                return got[0]
+        return await self._wait_body(head, limit)
 
-    async def _wait_body(self, head: RequestHead, limit: int, got: tuple[bytes, bool] | None) -> bytes | bytearray:
-        """:meth:`_read_body` for a body that is still arriving (``got``: the parser's first
-        piece, None if it had none). One cancel scope for the whole body: its deadline is moved
-        before each wait to ``body_timeout`` from then, or earlier when the body drips slower
-        than MIN_BODY_RATE (``body_timeout`` from the first wait plus 1 s per MIN_BODY_RATE
-        bytes received)."""
+    async def _wait_body(self, head: RequestHead, limit: int) -> bytes | bytearray:
+        """:meth:`_read_body` for a body that is still arriving, or chunked. One cancel scope
+        for the whole body: its deadline is moved before each wait to ``body_timeout`` from
+        then, or earlier when the body drips slower than MIN_BODY_RATE (``body_timeout`` from
+        the first wait plus 1 s per MIN_BODY_RATE bytes received)."""
         parser = self.parser
         body: bytearray | None = None
         deadline = _NEVER
@@ -387,6 +382,7 @@ class _Connection:
         with trio.CancelScope() as scope:
             while True:
                 try:
+                    got = parser.next_body()
                     while got is None:
                         if head.expect_continue and not self.sent_continue:
                             self.sent_continue = True
@@ -423,11 +419,6 @@ class _Connection:
                     body += chunk
                 if done:
                     return body
-                try:
-                    got = parser.next_body()
-                except ProtocolError as exc:
-                    self.protocol_error = exc
-                    raise Disconnected from None
         # a pause too long, or a body dripping slower than MIN_BODY_RATE
         self.protocol_error = ProtocolError(HTTPStatus.REQUEST_TIMEOUT, "request body timeout")
         raise Disconnected
