@@ -98,6 +98,7 @@ class PythonInstance(ModelInstance):
         self.model_name = identity.model_name
         self.version = identity.version
         self.instance_name = identity.instance_name
+        self._failure_prefix = self._failure("")  # what a response that fails to convert says first
         self.decoupled = identity.decoupled
         self._loaded = loaded
         self._model = model
@@ -331,7 +332,7 @@ class PythonInstance(ModelInstance):
         )
 
     def _convert_response(self, response: pb_utils.InferenceResponse, request_id: str) -> InferenceResponse:
-        out = _convert.to_response(response, self._failure(""))
+        out = _convert.to_response(response, self._failure_prefix)
         out.model_name = self.model_name
         out.model_version = str(self.version)
         out.id = request_id

@@ -306,24 +306,37 @@ def _ignore(*args: Any) -> None:
 
 class InFlight:
     """Work in progress on the trio thread: a count, and ``idle``, an event set whenever the count
-    is zero (a drain awaits ``idle.wait()``, reading the attribute when it starts waiting)."""
+    is zero (a drain awaits ``idle.wait()``, reading the attribute when it starts waiting).
 
-    __slots__ = ("count", "idle")
+    The event is made when a drain first asks for it while work is in flight, not each time the
+    count leaves zero: a request run inline enters and leaves within one call, every time.
+    """
+
+    __slots__ = ("count", "_idle")
+
+    _IDLE = trio.Event()  # an event already set: what ``idle`` is while nothing is in flight
+    _IDLE.set()
 
     def __init__(self) -> None:
         self.count = 0
-        self.idle = trio.Event()
-        self.idle.set()
+        self._idle: trio.Event | None = None
+
+    @property
+    def idle(self) -> trio.Event:
+        if self.count == 0:
+            return self._IDLE
+        if self._idle is None:
+            self._idle = trio.Event()
+        return self._idle
 
     def enter(self) -> None:
         self.count += 1
-        if self.count == 1:
-            self.idle = trio.Event()
 
     def leave(self) -> None:
         self.count -= 1
-        if self.count == 0:
-            self.idle.set()
+        if self.count == 0 and self._idle is not None:
+            self._idle.set()
+            self._idle = None
 
 
 class Pending:
@@ -580,7 +593,14 @@ class BatchExecutor:
     def runs_inline(self, instance: ModelInstance) -> bool:
         """Whether ``instance``'s next batch runs inline on the event-loop thread (InlineChoice;
         never for decoupled models: their responses are consumed while they run)."""
-        return instance.inline_safe and not self.model.decoupled and self.choice(instance).inline()
+        return self.inline_choice(instance) is not None
+
+    def inline_choice(self, instance: ModelInstance) -> InlineChoice | None:
+        """``instance``'s InlineChoice when its next batch runs inline (:meth:`runs_inline`), else None."""
+        if not instance.inline_safe or self.model.decoupled:
+            return None
+        choice = self.choice(instance)
+        return choice if choice.inline() else None
 
     async def __call__(self, instance: ModelInstance, batch: list[Pending], *, direct: bool = False) -> None:
         """Run ``batch`` on ``instance`` and deliver the responses. Never raises (``direct``:
@@ -641,6 +661,44 @@ class BatchExecutor:
         except Exception as e:
             error = internal(f"{type(e).__name__}: {e}")
         self._deliver(instance, live, responses, error, start, start, time.monotonic_ns())
+
+    def run_one_inline(self, instance: ModelInstance, choice: InlineChoice,
+                       pending: Pending) -> InferenceResponse | None:
+        """:meth:`run_inline` for one request (``choice``: :meth:`inline_choice`'s), its final
+        response returned instead of sent through its mailbox: no hand-over through the
+        responder, the mailbox and back. None when the model answered it through its response
+        sender, or will (then it is delivered as run_inline delivers it). Never raises."""
+        request = pending.request
+        start = time.monotonic_ns()
+        error: TritonError | None = None
+        responses: list[InferenceResponse] | None = None
+        try:
+            responses = instance.execute([request])
+        except TritonError as e:
+            error = e
+        except Exception as e:
+            error = internal(f"{type(e).__name__}: {e}")
+        infer_end = time.monotonic_ns()
+        responder = pending.responder
+        if responder.complete or responder.deferred or responder.window is not None:
+            self._deliver(instance, [pending], responses, error, start, start, infer_end)
+            return None
+        model = self.model
+        choice.record(infer_end - start)
+        if error is None and (responses is None or len(responses) != 1):
+            got = "None" if responses is None else f"{len(responses)} responses"
+            error = internal(f"model '{model.name}' returned {got} for a batch of 1 requests")
+        response = self.finish(request, InferenceResponse(error=error) if error is not None
+                               else responses[0])  # type: ignore[index]
+        response.final = True
+        responder.complete = True
+        responder.sent += 1
+        end = time.monotonic_ns()
+        pending.exec_ns = (start, start, infer_end, end)
+        if request.cancelled:
+            model.discarded += 1
+        model.stats.record_execution(pending.batch_size, 0, infer_end - start, end - infer_end)
+        return response
 
     def _live(self, batch: list[Pending]) -> list[Pending]:
         """The requests of ``batch`` not cancelled (the others are dropped)."""

@@ -358,18 +358,20 @@ class ModelVersion:
             return self._collect(request, batch_size, None)
         executor = self.executor
         pending = Pending(request, batch_size, executor.finish)
-        if request.cancelled or not executor.runs_inline(slot.instance):
+        choice = executor.inline_choice(slot.instance)
+        if request.cancelled or choice is None:
             return self._collect(request, batch_size, None, pending, slot)
         try:
-            executor.run_inline(slot.instance, [pending])
+            response = executor.run_one_inline(slot.instance, choice, pending)
         finally:
             self.scheduler.release(slot)
         mailbox = pending.receive
         assert mailbox is not None  # made with a Mailbox
-        try:
-            response = mailbox.receive_nowait()
-        except trio.WouldBlock:  # the model answers later, through its response sender
-            return self._await_response(pending)
+        if response is None:  # the model answered through its response sender
+            try:
+                response = mailbox.receive_nowait()
+            except trio.WouldBlock:  # the model answers later
+                return self._await_response(pending)
         mailbox.close()
         request.responder = None  # no request <-> responder cycle
         return self._answered(pending, response)

@@ -284,3 +284,70 @@ async def test_infer_now_answers_at_once_or_hands_back_what_finishes_the_request
         for name in ("inline", "threaded"):
             stats = server.model_statistics(name)[0]
             assert stats.success.count == 3 and stats.fail.count == 0
+
+
+_INLINE_MODES = '''
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            mode = int(x[0])
+            answer = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", x * 2)])
+            if mode == 1:
+                raise RuntimeError("mode 1 fails")
+            if mode == 2:  # answered through the sender before execute returns
+                request.get_response_sender().send(answer, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                out.append(None)
+            elif mode == 3:  # answered later, from a thread of the model's
+                sender = request.get_response_sender()
+                threading.Timer(0.05, sender.send, (answer,),
+                                {"flags": pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL}).start()
+                out.append(None)
+            elif mode == 4:
+                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("mode 4 refuses")))
+            else:
+                out.append(answer)
+        return out
+'''
+
+
+async def test_an_inline_request_is_answered_however_the_model_answers(tmp_path):
+    """A request run inline by infer_now gets the model's response whether execute returns it,
+    raises, returns an error response, or answers through the response sender now or later;
+    the statistics count each, and nothing is left in flight."""
+    repo = tmp_path / "repo"
+    (repo / "modes" / "1").mkdir(parents=True)
+    (repo / "modes" / "1" / "model.py").write_text(_INLINE_MODES)
+    (repo / "modes" / "config.pbtxt").write_text(
+        'name: "modes"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'instance_group [ { kind: KIND_CPU count: 1 } ]\n'
+        'parameters { key: "TRIDENT_INLINE_EXECUTION" value: { string_value: "always" } }\n')
+
+    def request(mode: int) -> InferenceRequest:
+        return InferenceRequest("modes", [Tensor.from_numpy("INPUT0", np.array([mode, 5], np.float32))], id=f"m{mode}")
+
+    async with open_server(ServerOptions(model_repositories=[str(repo)])) as server:
+        for mode in (0, 2):  # returned, or sent before execute returned: answered here and now
+            now = server.infer_now(request(mode))
+            assert isinstance(now, InferenceResponse) and now.id == f"m{mode}" and now.model_name == "modes"
+            np.testing.assert_array_equal(now.output("OUTPUT0").data, [2 * mode, 10])
+        later = server.infer_now(request(3))
+        assert not isinstance(later, InferenceResponse)
+        response = await later
+        np.testing.assert_array_equal(response.output("OUTPUT0").data, [6, 10])
+        for mode, text in ((1, "mode 1 fails"), (4, "mode 4 refuses")):
+            with pytest.raises(TritonError) as caught:
+                server.infer_now(request(mode))
+            assert text in caught.value.message
+        assert await server.wait_drained(1)
+        stats = server.model_statistics("modes")[0]
+        assert stats.success.count == 3 and stats.fail.count == 2
+        assert stats.execution_count == 5 and stats.inference_count == 5
