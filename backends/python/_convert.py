@@ -86,20 +86,15 @@ def to_response(response: pb_utils.InferenceResponse, failure: str = "") -> Infe
 
     ``failure`` prefixes a conversion error's message.
     """
-    out = InferenceResponse()
     error = response.error()
     if error is not None:
-        out.error = TritonError(Code[error.code().name], error.message())
-        return out
+        return InferenceResponse(error=TritonError(Code[error.code().name], error.message()))
     try:
-        out.outputs = [to_tensor(t) for t in response.output_tensors()]
+        outputs = [to_tensor(t) for t in response.output_tensors()]
     except Exception as e:
-        out.error = internal(f"{failure}cannot convert outputs: {type(e).__name__}: {e}")
-        return out
+        return InferenceResponse(error=internal(f"{failure}cannot convert outputs: {type(e).__name__}: {e}"))
     params: dict[str, ParamValue] = response._param_dict
-    if params:
-        out.parameters = dict(params)
-    return out
+    return InferenceResponse(outputs=outputs, parameters=dict(params)) if params else InferenceResponse(outputs=outputs)
 
 
 def to_pb_response(response: InferenceResponse) -> pb_utils.InferenceResponse:

@@ -99,6 +99,7 @@ class PythonInstance(ModelInstance):
         self.version = identity.version
         self.instance_name = identity.instance_name
         self._failure_prefix = self._failure("")  # what a response that fails to convert says first
+        self._version_name = str(self.version)
         self.decoupled = identity.decoupled
         self._loaded = loaded
         self._model = model
@@ -192,11 +193,12 @@ class PythonInstance(ModelInstance):
             if any(pb._sender is not None and pb._sender._sent for pb in pb_requests):
                 log.error("%s (after answering request(s) of the batch through the response sender)", failure)
             raise internal(failure) from e
-        if any(r._release_flags & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE for r in pb_requests):
-            raise unsupported(
-                f"model '{self.model_name}': request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) "
-                "is not supported by trident yet"
-            )
+        for r in pb_requests:
+            if r._release_flags & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                raise unsupported(
+                    f"model '{self.model_name}': request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) "
+                    "is not supported by trident yet"
+                )
         if self.decoupled:
             if result is not None:
                 raise internal(self._failure(
@@ -334,7 +336,7 @@ class PythonInstance(ModelInstance):
     def _convert_response(self, response: pb_utils.InferenceResponse, request_id: str) -> InferenceResponse:
         out = _convert.to_response(response, self._failure_prefix)
         out.model_name = self.model_name
-        out.model_version = str(self.version)
+        out.model_version = self._version_name
         out.id = request_id
         return out
 

@@ -545,6 +545,7 @@ class BatchExecutor:
 
     def __init__(self, model: ExecutedModel, inline_mode: str = "auto") -> None:
         self.model = model
+        self._version = str(model.version)  # what each response names
         self.inline_mode = inline_mode
         self._threads: dict[int, InstanceThread] = {}
         self._choices: dict[int, InlineChoice] = {}
@@ -739,7 +740,7 @@ class BatchExecutor:
         """Name the response, then its outputs' post-processing (trident.batching.outputs)."""
         model = self.model
         response.model_name = model.name
-        response.model_version = str(model.version)
+        response.model_version = self._version
         response.id = request.id
         if response.error is not None:
             return response
