@@ -317,10 +317,12 @@ class TritonPythonModel:
 '''
 
 
-async def test_an_inline_request_is_answered_however_the_model_answers(tmp_path):
+async def test_an_inline_request_is_answered_however_the_model_answers(tmp_path, caplog):
     """A request run inline by infer_now gets the model's response whether execute returns it,
     raises, returns an error response, or answers through the response sender now or later;
-    the statistics count each, and nothing is left in flight."""
+    the statistics count each, and nothing is left in flight. (With --log-verbose every request
+    takes the logged, awaited way: the level is set here, whatever earlier tests left.)"""
+    caplog.set_level(logging.INFO, logger="trident.server")
     repo = tmp_path / "repo"
     (repo / "modes" / "1").mkdir(parents=True)
     (repo / "modes" / "1" / "model.py").write_text(_INLINE_MODES)
