@@ -533,6 +533,26 @@ class ExecutedModel(Protocol):
     def on_drop(self, pending: Pending) -> None: ...
 
 
+def _execute(instance: ModelInstance, requests: list[InferenceRequest],
+             ) -> tuple[list[InferenceResponse] | None, TritonError | None]:
+    """``instance.execute(requests)`` here and now: its responses, or the error it raised
+    (anything other than a TritonError as INTERNAL)."""
+    try:
+        return instance.execute(requests), None
+    except TritonError as e:
+        return None, e
+    except Exception as e:
+        return None, internal(f"{type(e).__name__}: {e}")
+
+
+def _count_error(model: str, responses: list[InferenceResponse] | None, count: int) -> TritonError | None:
+    """The error of a (non-decoupled) model that did not return one response per request."""
+    if responses is not None and len(responses) == count:
+        return None
+    got = "None" if responses is None else f"{len(responses)} responses"
+    return internal(f"model '{model}' returned {got} for a batch of {count} requests")
+
+
 def _instance_key(instance: Any) -> int:
     """Threads and inline choices belong to a model instance: a scheduler's wrapper around one
     (the sequence batcher's, which names it ``wrapped_instance``) shares its instance's, so the
@@ -653,14 +673,7 @@ class BatchExecutor:
         """Execute ``live`` (requests not cancelled) on the event-loop thread now and deliver the
         responses (the caller checked :meth:`runs_inline`). Never raises."""
         start = time.monotonic_ns()
-        error: TritonError | None = None
-        responses: list[InferenceResponse] | None = None
-        try:
-            responses = instance.execute([p.request for p in live])
-        except TritonError as e:
-            error = e
-        except Exception as e:
-            error = internal(f"{type(e).__name__}: {e}")
+        responses, error = _execute(instance, [p.request for p in live])
         self._deliver(instance, live, responses, error, start, start, time.monotonic_ns())
 
     def run_one_inline(self, instance: ModelInstance, choice: InlineChoice,
@@ -671,14 +684,7 @@ class BatchExecutor:
         sender, or will (then it is delivered as run_inline delivers it). Never raises."""
         request = pending.request
         start = time.monotonic_ns()
-        error: TritonError | None = None
-        responses: list[InferenceResponse] | None = None
-        try:
-            responses = instance.execute([request])
-        except TritonError as e:
-            error = e
-        except Exception as e:
-            error = internal(f"{type(e).__name__}: {e}")
+        responses, error = _execute(instance, [request])
         infer_end = time.monotonic_ns()
         responder = pending.responder
         if responder.complete or responder.deferred or responder.window is not None:
@@ -686,9 +692,8 @@ class BatchExecutor:
             return None
         model = self.model
         choice.record(infer_end - start)
-        if error is None and (responses is None or len(responses) != 1):
-            got = "None" if responses is None else f"{len(responses)} responses"
-            error = internal(f"model '{model.name}' returned {got} for a batch of 1 requests")
+        if error is None:
+            error = _count_error(model.name, responses, 1)
         response = self.finish(request, InferenceResponse(error=error) if error is not None
                                else responses[0])  # type: ignore[index]
         response.final = True
@@ -717,9 +722,8 @@ class BatchExecutor:
         inline choice, and the execution's statistics."""
         model = self.model
         self.choice(instance).record(infer_end - infer_start)
-        if error is None and not model.decoupled and (responses is None or len(responses) != len(live)):
-            got = "None" if responses is None else f"{len(responses)} responses"
-            error = internal(f"model '{model.name}' returned {got} for a batch of {len(live)} requests")
+        if error is None and not model.decoupled:
+            error = _count_error(model.name, responses, len(live))
         for i, pending in enumerate(live):
             pending.exec_ns = (start, infer_start, infer_end, time.monotonic_ns())
             responder = pending.responder
