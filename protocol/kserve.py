@@ -101,7 +101,7 @@ def parse_json(body: bytes | bytearray | memoryview, convert: json_slices.Conver
         if len(body) >= LARGE_JSON:
             return json_slices.loads(body, orjson.loads, json_slices.SLICE_SIZE, convert)
         return orjson.loads(body)
-    except ValueError as exc:  # orjson.JSONDecodeError / json.JSONDecodeError / UnicodeDecodeError
+    except ValueError as exc:  # orjson.JSONDecodeError (invalid UTF-8 included)
         raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
 
 

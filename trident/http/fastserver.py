@@ -366,8 +366,8 @@ class _Connection:
         if head.content_length is not None and self.parser.buffered >= head.content_length:
             # the whole body came with the head (the usual case): taken in one piece, no wait
             got = self.parser.next_body(head.content_length)
-            if got is not None and got[1]:
-                return got[0]
+            assert got is not None and got[1]  # a Content-Length body, all of it buffered
+            return got[0]
         return await self._wait_body(head, limit)
 
     async def _wait_body(self, head: RequestHead, limit: int) -> bytes | bytearray:
