@@ -51,6 +51,12 @@ class Round(trio.abc.Instrument):
         the next round yet and no front end holds further requests from this round's reads."""
         return self.size == 1 and not self._runq and not self.crowded
 
+    def shared(self) -> bool:
+        """Whether another task runs in this round besides the caller (before or after it), or
+        has been woken for the next one: what the caller leaves for the end of the round is
+        then done together with theirs. False where the round is not tracked."""
+        return self.size > 1 or bool(self._runq) or self.crowded
+
     def crowd(self) -> None:
         """A front end holds more than one request from a read of this round: none is alone."""
         self.crowded = True

@@ -337,3 +337,49 @@ def test_a_pipelined_request_behind_a_long_one_is_answered(fast, tmp_path):
         assert status == 200 and json.loads(body)["outputs"][0]["data"] == [0.5]
         status, _, body = reader.response()
         assert status == 200 and json.loads(body)["id"] == "after"
+
+
+def test_many_connections_at_once_each_get_their_own_answers_in_order(fast):
+    """Requests of many connections arriving together: their responses are kept for the end of
+    the server's loop round and written together; each connection still gets its own answers,
+    in order, with an ASGI route and an error between them."""
+    socks = [socket.create_connection(("127.0.0.1", fast.http_port), timeout=30) for _ in range(24)]
+    try:
+        for i, sock in enumerate(socks):
+            sock.sendall(post(b"/v2/models/add_sub/infer", add_sub_json(id=f"{i}-a"))
+                         + b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+                         + post(b"/v2/models/add_sub/infer", b"{oops")
+                         + post(b"/v2/models/add_sub/infer", add_sub_json(id=f"{i}-b")))
+        for i, sock in enumerate(socks):
+            reader = Reader(sock)
+            answers = [reader.response() for _ in range(4)]
+            assert [a[0] for a in answers] == [200, 200, 400, 200]
+            assert json.loads(answers[0][2])["id"] == f"{i}-a" and json.loads(answers[3][2])["id"] == f"{i}-b"
+            assert json.loads(answers[0][2])["outputs"][0]["data"] == [float(v) + 2.0 for v in range(16)]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_concurrent_aio_clients_get_their_own_results(fast):
+    import asyncio  # tritonclient.http.aio runs on asyncio (aiohttp); the server is trio
+
+    import tritonclient.http.aio as aioclient
+
+    async def calls() -> None:
+        client = aioclient.InferenceServerClient(f"127.0.0.1:{fast.http_port}", conn_limit=32)
+        try:
+            async def one(i: int) -> None:
+                x = np.full(16, i, np.float32)
+                inp = aioclient.InferInput("INPUT0", [16], "FP32")
+                inp.set_data_from_numpy(x, binary_data=i % 2 == 0)
+                result = await client.infer("identity_fp32", [inp], request_id=str(i),
+                                            headers={KEY[0]: KEY[1]})
+                assert result.get_response()["id"] == str(i)
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+
+            await asyncio.gather(*(one(i) for i in range(256)))
+        finally:
+            await client.close()
+
+    asyncio.run(calls())

@@ -12,7 +12,10 @@ only moves bytes and drives the ASGI calls:
 * ``POST /v2/models/{m}[/versions/{v}]/infer`` skips ASGI when the server is given the app's
   :class:`~trident.http.infer.InferEndpoint` (``serve_http_fast`` does): the connection task
   reads the body, calls the endpoint (the same decode, run, encode and error mapping as the
-  app's /infer) and writes the head and body with one ``writev``. Disconnects are watched
+  app's /infer) and writes the head and body with one ``writev``; a small response made while
+  other tasks share the loop's round is kept and written with theirs when the round ends
+  (:class:`_Flusher`: one wake-up of a client reading many connections instead of one per
+  response), and the connection's next write waits for it, so responses stay in order. Disconnects are watched
   without a task per request: one ticker per server (:func:`_tick`) finds requests still
   running after ``WATCH_DELAY`` and wakes their connection's watcher task (started the first
   time it is needed), which reads the socket until the request ends; EOF or a reset cancels
@@ -54,6 +57,7 @@ from urllib.parse import unquote_to_bytes
 
 import trio
 
+from trident.batching import rounds
 from trident.http.app import make_app
 from trident.http.asgi import ASGIApp, Message
 from trident.http.infer import JSON, Disconnected, HTTPError, InferEndpoint, too_large
@@ -96,7 +100,40 @@ _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
 _NEVER = math.inf
 _IOV_MAX = 512  # buffers per writev
+DEFER_BYTES = 64 * 1024  # an /infer response up to this size waits for the loop's flush (see _Flusher)
+DEFER_LIMIT = 32  # responses waiting for the flush: at this many they are written at once
 _INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
+
+
+class _Flusher(trio.abc.Instrument):
+    """Small /infer responses written together, when the run loop is about to wait for I/O.
+
+    A response written the moment it is ready wakes its client once per response: across CPUs
+    that is an inter-processor interrupt inside the write, and the client's next request then
+    interrupts the server in turn. Responses made in the same pass of the run loop (the requests
+    of every connection that was readable) are instead kept by their connections and written
+    back to back by :meth:`before_io_wait` (a trio instrument hook, called by the loop before it
+    polls), or as soon as DEFER_LIMIT of them wait: a client that reads many connections (wrk,
+    a pool of keep-alive connections) is woken once for all of them. At one connection nothing
+    changes: the pass ends right after the response is made. Never raises (an exception would
+    disable the instrument).
+    """
+
+    def __init__(self) -> None:
+        self.waiting: list[_Connection] = []
+
+    def before_io_wait(self, timeout: float) -> None:
+        if self.waiting:
+            self.flush()
+
+    def flush(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for conn in waiting:
+            try:
+                conn.flush_deferred()
+            except Exception:  # a bug: that connection's response is lost, not every later one's
+                log.exception("error writing a response")
+                conn.broken = True
 
 
 class _State:
@@ -114,6 +151,8 @@ class _State:
         self.connections: set[_Connection] = set()
         self.shutting_down = False
         self.ticker_park: trio.CancelScope | None = None  # the ticker's sleep while no request runs
+        self.flusher = _Flusher()  # installed by serve_asgi while it serves
+        self.round: rounds.Round | None = None  # this run's rounds (serve_asgi sets it)
 
     def close_idle(self) -> None:
         for conn in self.connections:
@@ -124,7 +163,8 @@ class _State:
 class _Connection:
     __slots__ = ("state", "stream", "fd", "parser", "cancel_scope", "idle", "served", "reaper_mark", "client",
                  "sockname", "eof", "broken", "linger", "head_deadline", "nursery", "yielded", "streak", "moved", "sent_continue",
-                 "protocol_error", "busy", "seen", "park", "watching", "request_scope", "drained", "answer")
+                 "protocol_error", "busy", "seen", "park", "watching", "request_scope", "drained", "answer",
+                 "tasks", "deferred", "stuck")
 
     def __init__(self, state: _State, stream: trio.SocketStream) -> None:
         self.state = state
@@ -154,6 +194,12 @@ class _Connection:
         self.request_scope: trio.CancelScope | None = None  # a heavy request's
         self.park: trio.CancelScope | None = None
         self.watching: trio.CancelScope | None = None
+        # output kept for the flusher (see _Flusher), and while part of it could not be written
+        # then, the event its writer task sets when the socket has taken it (the connection's
+        # next write waits for that, so responses stay in order)
+        self.deferred: list[Any] | None = None
+        self.stuck: trio.Event | None = None
+        self.tasks: trio.Nursery | None = None  # the connection's nursery
         self.answer = Answer()  # how a queued request's response comes back (one request at a time)
         try:
             self.client: tuple[str, int] | None = tuple(stream.socket.getpeername()[:2])  # type: ignore[assignment]
@@ -166,10 +212,15 @@ class _Connection:
         state = self.state
         try:
             with self.cancel_scope:
-                async with trio.open_nursery() as nursery:
-                    self.nursery = nursery
-                    await self._serve()
-                    nursery.cancel_scope.cancel()  # the watcher
+                try:
+                    async with trio.open_nursery() as nursery:
+                        self.nursery = self.tasks = nursery
+                        await self._serve()
+                        if self.deferred is not None or self.stuck is not None:
+                            await self.writev([])  # what waits for the flusher goes out before the close
+                        nursery.cancel_scope.cancel()  # the watcher
+                finally:
+                    self.tasks = None
         finally:
             state.connections.discard(self)
             try:
@@ -267,11 +318,88 @@ class _Connection:
     async def writev(self, parts: list[Any], size: int = -1) -> None:
         """Write ``parts`` (``size`` bytes in all, when the caller knows) in order: one writev
         when the socket takes them; a no-op once broken."""
+        if self.stuck is not None:
+            await self.stuck.wait()
+        if self.deferred is not None:  # written first, with these
+            parts[:0] = self.deferred
+            self.deferred = None
+            size = -1
+        if parts and not self._write_now(parts, size):
+            await self._write_rest(parts)
+
+    def defer(self, parts: list[Any]) -> None:
+        """Keep ``parts`` for the flusher (see _Flusher); the caller checked :meth:`can_defer`."""
+        if self.deferred is None:
+            self.deferred = parts
+            flusher = self.state.flusher
+            flusher.waiting.append(self)
+            if len(flusher.waiting) >= DEFER_LIMIT:
+                flusher.flush()
+        else:  # pipelined requests answered in the same pass
+            self.deferred += parts
+
+    def flush_deferred(self) -> None:
+        """Write what waits for the flusher, here and now (the flusher's call; never raises).
+        What the socket does not take is written by a task of the connection's, and the
+        connection's next write waits for it (:attr:`stuck`)."""
+        parts = self.deferred
+        if parts is None:
+            return
+        self.deferred = None
         if self.broken:
             return
+        try:
+            n = os.writev(self.fd, parts[:_IOV_MAX]) if len(parts) > 1 else os.write(self.fd, parts[0])
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            self.broken = True
+            return
+        _consume(parts, n)
+        if not parts:
+            return
+        if self.tasks is None:  # the connection is closing: it writes what is left itself
+            self.deferred = parts
+            return
+        stuck = self.stuck = trio.Event()
+        self.tasks.start_soon(self._write_stuck, parts, stuck, name="trident.http.write_rest")
+
+    async def _write_stuck(self, parts: list[Any], stuck: trio.Event) -> None:
+        try:
+            await self._write_rest(parts)
+        finally:
+            self.stuck = None
+            stuck.set()
+
+    def _write_now(self, parts: list[Any], size: int) -> bool:
+        """One write of ``parts`` (``size`` bytes in all, or -1), here and now; True when all of
+        it went out (or the socket is broken: nothing more will), else ``parts`` is left holding
+        what remains for :meth:`_write_rest` (which may also owe the loop a checkpoint)."""
+        if self.broken:
+            return True
+        try:
+            n = os.writev(self.fd, parts[:_IOV_MAX]) if len(parts) > 1 else os.write(self.fd, parts[0])
+        except BlockingIOError:
+            return False
+        except OSError:
+            self.broken = True
+            return True
+        self.moved += n
+        if n == size and self.moved < YIELD_BYTES:  # all of it at once (the usual case)
+            return True
+        _consume(parts, n)
+        return not parts and self.moved < YIELD_BYTES
+
+    async def _write_rest(self, parts: list[Any]) -> None:
+        """Write what :meth:`_write_now` left, waiting for the socket through trio."""
         fd = self.fd
         try:
-            while parts:
+            while True:
+                if self.moved >= YIELD_BYTES:
+                    self.moved = 0
+                    await trio.lowlevel.checkpoint()
+                if not parts or self.broken:
+                    return
                 try:
                     n = os.writev(fd, parts[:_IOV_MAX]) if len(parts) > 1 else os.write(fd, parts[0])
                 except BlockingIOError:
@@ -280,23 +408,14 @@ class _Connection:
                     await trio.lowlevel.wait_writable(fd)
                     continue
                 self.moved += n
-                if self.moved >= YIELD_BYTES:
-                    self.moved = 0
-                    await trio.lowlevel.checkpoint()
-                if n == size:  # all of it at once (the usual case)
-                    return
-                size = -1
-                done = 0
-                while done < len(parts) and n >= len(parts[done]):
-                    n -= len(parts[done])
-                    done += 1
-                del parts[:done]
-                if n:
-                    parts[0] = memoryview(parts[0]).cast("B")[n:]
+                _consume(parts, n)
         except OSError:
             self.broken = True
 
     async def _close(self) -> None:
+        if self.deferred is not None:  # the connection was cancelled before its last flush
+            parts, self.deferred = self.deferred, None
+            self._write_now(parts, -1)
         try:
             if (self.linger or self.parser.buffered) and not (self.eof or self.broken):
                 # read and drop what the client still sends until it closes (or pauses)
@@ -321,11 +440,18 @@ class _Connection:
         try:
             if endpoint.restrictions:
                 endpoint.check_restricted(head.headers, "inference")
+            length = head.content_length
+            body: Any
+            if length is not None and length <= endpoint.limit and self.parser.buffered >= length:
+                # the whole body came with the head (the usual case): taken in one piece, no wait
+                got = self.parser.next_body(length)
+                assert got is not None and got[1]  # a Content-Length body, all of it buffered
+                body = got[0]
+            else:
+                async def body() -> bytes | bytearray:
+                    return await self._wait_body(head, endpoint.limit)
 
-            async def read_body() -> bytes | bytearray:
-                return await self._read_body(head, endpoint.limit)
-
-            status, headers, parts = await endpoint.handle(head.headers, read_body, self._run, name, version)
+            status, headers, parts = await endpoint.handle(head.headers, body, self._run, name, version)
         except HTTPError as exc:
             status, headers, parts = exc.status, [JSON], [kserve.error_body(exc.message)]
         except Disconnected:
@@ -343,7 +469,14 @@ class _Connection:
                 keep_alive = False  # the unread body is not worth reading
         total = len(parts[0]) if len(parts) == 1 else sum(len(p) for p in parts)
         response_head = encode_head(status, headers, total, keep_alive, head.http_version)
-        await self.writev([response_head, *parts], len(response_head) + total)
+        out = [response_head, *parts]
+        if (keep_alive and total <= DEFER_BYTES and parser.body_done and self.stuck is None
+                and not (self.eof or self.broken) and self.state.round is not None and self.state.round.shared()):
+            self.defer(out)  # written with the other responses of this pass of the loop
+            parser.start_next()
+            self.served += 1
+            return not self.state.shutting_down
+        await self.writev(out, len(response_head) + total)
         if self.eof or self.broken:
             return False
         if not parser.body_done:
@@ -356,25 +489,16 @@ class _Connection:
         self.served += 1
         return not self.state.shutting_down
 
-    async def _read_body(self, head: RequestHead, limit: int) -> bytes | bytearray:
-        """The whole body of ``head``; raises too_large (INVALID_ARG) past ``limit`` bytes, before
-        reading when Content-Length says so, and Disconnected when the client goes away, the
-        body times out (``protocol_error`` is set) or the socket breaks.
-        """
-        if head.content_length is not None and head.content_length > limit:
-            raise too_large(head.content_length, limit)
-        if head.content_length is not None and self.parser.buffered >= head.content_length:
-            # the whole body came with the head (the usual case): taken in one piece, no wait
-            got = self.parser.next_body(head.content_length)
-            assert got is not None and got[1]  # a Content-Length body, all of it buffered
-            return got[0]
-        return await self._wait_body(head, limit)
-
     async def _wait_body(self, head: RequestHead, limit: int) -> bytes | bytearray:
-        """:meth:`_read_body` for a body that is still arriving, or chunked. One cancel scope
+        """The whole body of ``head``, when it is still arriving, or chunked; raises too_large
+        (INVALID_ARG) past ``limit`` bytes, before reading when Content-Length says so, and
+        Disconnected when the client goes away, the body times out (``protocol_error`` is set)
+        or the socket breaks. One cancel scope
         for the whole body: its deadline is moved before each wait to ``body_timeout`` from
         then, or earlier when the body drips slower than MIN_BODY_RATE (``body_timeout`` from
         the first wait plus 1 s per MIN_BODY_RATE bytes received)."""
+        if head.content_length is not None and head.content_length > limit:
+            raise too_large(head.content_length, limit)
         parser = self.parser
         body: bytearray | None = None
         deadline = _NEVER
@@ -423,36 +547,45 @@ class _Connection:
         self.protocol_error = ProtocolError(HTTPStatus.REQUEST_TIMEOUT, "request body timeout")
         raise Disconnected
 
-    async def _run(self, request: InferenceRequest, heavy: bool) -> InferenceResponse | None:
-        """``server.infer(request)``: here and now when it can (Server.infer_now: nothing to
-        watch), else awaited while the connection's watcher looks for a disconnect.
+    def _run(self, request: InferenceRequest, heavy: bool,
+             ) -> InferenceResponse | Awaitable[InferenceResponse | None]:
+        """``server.infer(request)``: its response when it ran here and now (Server.infer_now:
+        nothing to watch), else an awaitable of it, awaited while the connection's watcher looks
+        for a disconnect.
 
         A client that goes away cancels the connection's scope: the request is cancelled (in
         the server too) and the connection closes. That costs no task, cancel scope or deadline
         per request (see :meth:`_watch`). A ``heavy`` request (decoded in a worker thread) has a
-        scope of its own instead, so that it returns None and the caller can free the request
-        off the loop. Raises what ``server.infer`` raises.
+        scope of its own instead, so that its awaitable returns None and the caller can free the
+        request off the loop. Raises (here or from the awaitable) what ``server.infer`` raises.
         """
         if heavy:
-            with trio.CancelScope() as scope:
-                self.request_scope = scope
-                try:
-                    return await self._run(request, False)
-                finally:
-                    self.request_scope = None
-            return None
-        state = self.state
-        answer = self.answer  # empty: each wait() hands its response over
-        result = state.endpoint.server.infer_now(request, on_done=answer.done)  # type: ignore[union-attr]
+            return self._run_heavy(request)
+        result = self.state.endpoint.server.infer_now(request, on_done=self.answer.done)  # type: ignore[union-attr]
         if isinstance(result, InferenceResponse):  # it ran here and now: nothing to watch
             return result
+        return self._finish(result)
+
+    async def _run_heavy(self, request: InferenceRequest) -> InferenceResponse | None:
+        with trio.CancelScope() as scope:
+            self.request_scope = scope
+            try:
+                result = self._run(request, False)
+                return result if isinstance(result, InferenceResponse) else await result
+            finally:
+                self.request_scope = None
+        return None
+
+    async def _finish(self, result: Completion | Awaitable[InferenceResponse]) -> InferenceResponse:
+        """The response of a request that did not run at once, watched (see :meth:`_run`)."""
+        state = self.state
         self.busy += 1
         if state.ticker_park is not None:  # the ticker sleeps (no request was running): wake it
             state.ticker_park.cancel()
             state.ticker_park = None
         try:
             if isinstance(result, Completion):  # queued: answered through ``answer``
-                response = await answer.wait(result)
+                response = await self.answer.wait(result)
                 if response.error is not None:
                     raise response.error
                 return response
@@ -726,6 +859,17 @@ class _Cycle:
             raise RuntimeError(f"unexpected ASGI message type {kind!r}")
 
 
+def _consume(parts: list[Any], n: int) -> None:
+    """Drop the first ``n`` bytes of ``parts`` (bytes-like buffers), in place."""
+    done = 0
+    while done < len(parts) and n >= len(parts[done]):
+        n -= len(parts[done])
+        done += 1
+    del parts[:done]
+    if n:
+        parts[0] = memoryview(parts[0]).cast("B")[n:]
+
+
 def _infer_target(target: bytes) -> tuple[str, str] | None:
     """``(model, version)`` when the request target is an infer path, else None (cached)."""
     hit = _TARGETS.get(target)
@@ -832,6 +976,8 @@ async def serve_asgi(
     listeners = await open_tcp_listeners(port, host=host, backlog=backlog)
     state = _State(app, max_head_size, keep_alive_timeout, header_timeout, body_timeout, max_connections,
                    infer_endpoint)
+    state.round = rounds.current()
+    trio.lowlevel.add_instrument(state.flusher)
     try:
         async with trio.open_nursery() as watching:
             if infer_endpoint is not None:
@@ -854,6 +1000,8 @@ async def serve_asgi(
                 connections.cancel_scope.deadline = trio.current_time() + graceful_timeout
             watching.cancel_scope.cancel()
     finally:
+        trio.lowlevel.remove_instrument(state.flusher)
+        state.flusher.flush()
         for listener in listeners:
             listener.close()
 

@@ -28,8 +28,9 @@ log = logging.getLogger("trident.http")
 
 Headers = Sequence[tuple[bytes, bytes]]
 Parts = list[Any]  # bytes-like pieces of a body
-ReadBody = Callable[[], Awaitable["bytes | bytearray | memoryview"]]
-RunInfer = Callable[[InferenceRequest, bool], Awaitable["InferenceResponse | None"]]
+Body = bytes | bytearray | memoryview
+ReadBody = Callable[[], Awaitable[Body]]
+RunInfer = Callable[[InferenceRequest, bool], "InferenceResponse | None | Awaitable[InferenceResponse | None]"]
 
 JSON = (b"content-type", b"application/json")
 OCTET = (b"content-type", b"application/octet-stream")
@@ -102,28 +103,77 @@ class InferEndpoint:
                 return
         raise HTTPError(403, HTTP_MESSAGE.format(restriction.header))
 
-    async def handle(self, headers: Headers, read_body: ReadBody, run: RunInfer, name: str,
+    async def handle(self, headers: Headers, read_body: ReadBody | Body, run: RunInfer, name: str,
                      version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
         """Answer one infer request: ``(status, headers, body parts)``, never an exception.
 
-        ``read_body()`` returns the whole body (raising ``too_large`` past the limit);
-        ``run(request, heavy)`` runs it and returns None when the client went away meanwhile
-        (``heavy``: the request was decoded off the loop, and it is freed off the loop too, so
-        ``run`` should return rather than let a cancellation through). The
-        headers returned lack ``content-length`` (the transport adds it). The restricted-API
-        check is the caller's (it precedes the method check). Raises Disconnected when the
-        client went away (the transport sends nothing); cancellation propagates.
+        ``read_body`` is the whole body, or a coroutine function that returns it (raising
+        ``too_large`` past the limit); ``run(request, heavy)`` runs it and returns its response,
+        None when the client went away meanwhile, or an awaitable of either (``heavy``: the
+        request was decoded off the loop, and it is freed off the loop too, so ``run`` should
+        return rather than let a cancellation through). A transport that has the body and a
+        response at hand passes them as values: the common request then costs no task switch
+        and no coroutine of its own. The headers returned lack ``content-length`` (the
+        transport adds it). The restricted-API check is the caller's (it precedes the method
+        check). Raises Disconnected when the client went away (the transport sends nothing);
+        cancellation propagates.
         """
         try:
-            return await self._handle(headers, read_body, run, name, version)
+            header_length, content_encoding, accept_encoding = self._scan_headers(headers)
+            body = read_body if isinstance(read_body, (bytes, bytearray, memoryview)) else await read_body()
+            if content_encoding is not None:
+                body = await offload.decompress(body, content_encoding, self.limit)
+            shm = self.shm.input_view
+            if header_length == 0:
+                request = _decode_raw(self.server, body, name, version)
+                binary_default = True
+            else:
+                try:
+                    if len(body) >= offload.OFFLOAD_THRESHOLD and kserve.is_heavy(
+                            body, header_length, offload.OFFLOAD_THRESHOLD):
+                        # a large JSON (or BYTES) decode: in a worker thread, not on the loop
+                        return await self._handle_heavy(headers, body, header_length, accept_encoding,
+                                                        run, name, version)
+                    request = kserve.decode_infer_request(body, header_length, name, version, shm)
+                except TritonError:
+                    self.server.repository.get(name, version)  # an unknown model answers 404, as Triton, not 400
+                    raise
+                params = request.parameters
+                binary_default = bool(params.pop("binary_data_output", False)) if params else False
+            del body
+            output_view = self._prepare(headers, request)
+            response = run(request, False)
+            if not isinstance(response, InferenceResponse) and response is not None:
+                response = await response
+            if response is None:
+                raise Disconnected
+            if kserve.response_is_large(response, request.outputs, binary_default, accept_encoding is not None):
+                return await _reply_off_loop(response, request.outputs, binary_default, accept_encoding, output_view)
+            return _reply(response, request.outputs, binary_default, accept_encoding, output_view)
         except Disconnected:
             raise
         except Exception as exc:
-            # a traceback's frames may hold a large decoded request: drop them here
-            path = f"/v2/models/{name}/versions/{version}/infer" if version else f"/v2/models/{name}/infer"
-            status, body = error_reply(exc, "POST", path)
-            del exc
-            return status, [JSON], [body]
+            return self._error(exc, name, version)
+
+    def _error(self, exc: Exception, name: str, version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+        path = f"/v2/models/{name}/versions/{version}/infer" if version else f"/v2/models/{name}/infer"
+        status, body = error_reply(exc, "POST", path)
+        # a traceback's frames may hold a large decoded request: the caller drops them with exc
+        return status, [JSON], [body]
+
+    def _prepare(self, headers: Headers, request: InferenceRequest) -> kserve.ShmOutputLookup | None:
+        """Forwarded headers into ``request``'s parameters and the check of outputs asked for in
+        shared memory (before the model runs, as Triton does): the lookup that writes them, if any."""
+        if self.forward is not None:
+            for key, value in headers:
+                text = key.decode("latin-1")
+                if self.forward.fullmatch(text):
+                    request.parameters[text] = value.decode("latin-1")
+        shm_outputs = {o.name: o.parameters for o in request.outputs if "shared_memory_region" in o.parameters}
+        if not shm_outputs:
+            return None
+        self.shm.check_outputs(shm_outputs)
+        return self.shm.output_view
 
     def _scan_headers(self, headers: Headers) -> tuple[int | None, str | None, str | None]:
         """``(Inference-Header-Content-Length, Content-Encoding, Accept-Encoding)`` of a request
@@ -153,55 +203,27 @@ class InferEndpoint:
             self._header_info[id(headers)] = (headers, info)  # holds the tuple: its id stays unique
         return info
 
-    async def _handle(self, headers: Headers, read_body: ReadBody, run: RunInfer, name: str,
-                      version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
-        header_length, content_encoding, accept_encoding = self._scan_headers(headers)
-        body = await read_body()
-        if content_encoding is not None:
-            body = await offload.decompress(body, content_encoding, self.limit)
-        heavy = False
-        shm = self.shm.input_view
-        if header_length == 0:
-            request = _decode_raw(self.server, body, name, version)
-            binary_default = True
-        else:
-            try:
-                if len(body) < offload.OFFLOAD_THRESHOLD or not kserve.is_heavy(
-                        body, header_length, offload.OFFLOAD_THRESHOLD):
-                    request = kserve.decode_infer_request(body, header_length, name, version, shm)
-                else:  # a large JSON (or BYTES) decode: in a worker thread, not on the loop
-                    heavy = True
-                    request = await offload.run_sync(kserve.decode_infer_request, body, header_length, name,
-                                                     version, shm)
-            except TritonError:
-                self.server.repository.get(name, version)  # an unknown model answers 404, as Triton, not 400
-                raise
-            params = request.parameters
-            binary_default = bool(params.pop("binary_data_output", False)) if params else False
+    async def _handle_heavy(self, headers: Headers, body: Body, header_length: int | None,
+                            accept_encoding: str | None, run: RunInfer, name: str,
+                            version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+        """:meth:`handle` for a body whose decode is long: decoded in a worker thread, and the
+        request (it holds millions of objects: JSON lists) freed in one too, once nothing else
+        (a traceback's frames) refers to it. Raises what the decode raises."""
+        request = await offload.run_sync(kserve.decode_infer_request, body, header_length, name, version,
+                                         self.shm.input_view)
         del body
-        if self.forward is not None:
-            for key, value in headers:
-                text = key.decode("latin-1")
-                if self.forward.fullmatch(text):
-                    request.parameters[text] = value.decode("latin-1")
-        shm_outputs = {o.name: o.parameters for o in request.outputs if "shared_memory_region" in o.parameters}
-        if shm_outputs:
-            self.shm.check_outputs(shm_outputs)  # before the model runs, as Triton does
-        output_view = self.shm.output_view if shm_outputs else None
-        if not heavy:
-            response = await run(request, False)
-            if response is None:
-                raise Disconnected
-            return await _reply(response, request.outputs, binary_default, accept_encoding, output_view)
-        # a request decoded off the loop holds millions of objects (JSON lists): they are freed
-        # off the loop too, once nothing else (a traceback's frames) refers to them
+        params = request.parameters
+        binary_default = bool(params.pop("binary_data_output", False)) if params else False
         error: Exception | None = None
         reply = None
         try:
-            response = await run(request, True)
+            output_view = self._prepare(headers, request)
+            response = run(request, True)
+            if not isinstance(response, InferenceResponse) and response is not None:
+                response = await response
             if response is None:
                 raise Disconnected
-            reply = await _reply(response, request.outputs, binary_default, accept_encoding, output_view)
+            reply = await _reply_off_loop(response, request.outputs, binary_default, accept_encoding, output_view)
         except Exception as exc:
             error = exc.with_traceback(None)
         holder = [request]
@@ -213,19 +235,27 @@ class InferEndpoint:
         return reply
 
 
-async def _reply(response: InferenceResponse, requested: list[Any], binary_default: bool,
-                 accept_encoding: str | None, shm: kserve.ShmOutputLookup | None = None,
-                 ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
-    # a large encode (JSON, shared-memory copies, compression): in a worker thread
-    if kserve.response_is_large(response, requested, binary_default, accept_encoding is not None):
-        parts, json_length, encoding = await offload.run_sync(
-            encode_response, response, requested, binary_default, accept_encoding, shm)
-    else:
-        parts, json_length, encoding = encode_response(response, requested, binary_default, accept_encoding, shm)
-    if json_length is None:
-        headers = [JSON]
-    else:
-        headers = [OCTET, (b"inference-header-content-length", b"%d" % json_length)]
+def _reply(response: InferenceResponse, requested: list[Any], binary_default: bool,
+           accept_encoding: str | None, shm: kserve.ShmOutputLookup | None = None,
+           ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+    """The 200 reply for ``response``, encoded here and now (a small one: see :func:`_reply_off_loop`)."""
+    return _framed(*encode_response(response, requested, binary_default, accept_encoding, shm))
+
+
+async def _reply_off_loop(response: InferenceResponse, requested: list[Any], binary_default: bool,
+                          accept_encoding: str | None, shm: kserve.ShmOutputLookup | None = None,
+                          ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+    """:func:`_reply` for a large encode (JSON, shared-memory copies, compression): in a worker
+    thread, unless kserve.response_is_large says it is small."""
+    if not kserve.response_is_large(response, requested, binary_default, accept_encoding is not None):
+        return _reply(response, requested, binary_default, accept_encoding, shm)
+    return _framed(*await offload.run_sync(encode_response, response, requested, binary_default,
+                                           accept_encoding, shm))
+
+
+def _framed(parts: Parts, json_length: int | None, encoding: str | None,
+            ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+    headers = [JSON] if json_length is None else [OCTET, (b"inference-header-content-length", b"%d" % json_length)]
     if encoding is not None:
         headers.append((b"content-encoding", encoding.encode()))
     return 200, headers, parts

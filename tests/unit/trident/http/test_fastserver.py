@@ -664,3 +664,51 @@ async def test_a_repeated_head_is_read_alike_each_time():
             assert json.loads(body) == {"error": "Unable to parse Inference-Header-Content-Length, got: abc"}
         await client.stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_responses_kept_for_the_end_of_the_round_stay_in_order_when_the_client_stops_reading(monkeypatch):
+    """Small /infer responses made while other tasks share the loop's round are kept and written
+    together when the round ends. A client that pipelines many and reads none fills the socket:
+    what a flush could not write is written by a task of the connection's, before anything newer
+    (the connection stops reading meanwhile), and every response arrives whole and in order."""
+    writers: list[int] = []
+    write_stuck = fastserver._Connection._write_stuck
+
+    async def counted(self: Any, parts: list[Any], stuck: trio.Event) -> None:
+        writers.append(sum(len(p) for p in parts))
+        await write_stuck(self, parts, stuck)
+
+    monkeypatch.setattr(fastserver._Connection, "_write_stuck", counted)
+    options = ServerOptions(model_repositories=[str(Path(EXAMPLE_REPOSITORY))])
+    values, count = 15_000, 150  # about 60 KB per response (under DEFER_BYTES), 9 MB in all
+    path = b"/v2/models/identity_fp32/infer"
+    requests = []
+    for i in range(count):
+        data = np.full(values, i, np.float32).tobytes()
+        header = json.dumps({"id": str(i), "inputs": [{"name": "INPUT0", "shape": [values], "datatype": "FP32",
+                                                       "parameters": {"binary_data_size": len(data)}}],
+                             "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+        requests.append(post(path, header + data, b"Inference-Header-Content-Length: %d" % len(header)))
+    async with open_server(options) as server, trio.open_nursery() as nursery:
+        port = await nursery.start(
+            lambda task_status: serve_http_fast(server, host="127.0.0.1", port=0, task_status=task_status))
+
+        async def company() -> None:  # another task runnable in every round: responses are kept
+            while True:
+                await trio.sleep(0)
+
+        nursery.start_soon(company)
+        client = await Client.connect(port)
+        nursery.start_soon(client.send, b"".join(requests))
+        await trio.sleep(1.0)  # the server answers until the socket is full
+        assert writers, "no flush was left with bytes the socket did not take"
+        with trio.fail_after(30):
+            for i in range(count):
+                response, body, _ = await client.response()
+                assert response.status_code == 200
+                json_length = int(headers_of(response)[b"inference-header-content-length"])
+                doc = json.loads(body[:json_length])
+                assert doc["id"] == str(i)
+                assert doc["outputs"][0]["parameters"]["binary_data_size"] == values * 4
+                assert np.array_equal(np.frombuffer(body[json_length:], np.float32), np.full(values, i, np.float32))
+        nursery.cancel_scope.cancel()
