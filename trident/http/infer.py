@@ -143,13 +143,10 @@ class InferEndpoint:
             del body
             output_view = self._prepare(headers, request)
             response = run(request, False)
-            if not isinstance(response, InferenceResponse) and response is not None:
-                response = await response
-            if response is None:
-                raise Disconnected
-            if kserve.response_is_large(response, request.outputs, binary_default, accept_encoding is not None):
-                return await _reply_off_loop(response, request.outputs, binary_default, accept_encoding, output_view)
-            return _reply(response, request.outputs, binary_default, accept_encoding, output_view)
+            if isinstance(response, InferenceResponse) and not kserve.response_is_large(
+                    response, request.outputs, binary_default, accept_encoding is not None):
+                return _reply(response, request.outputs, binary_default, accept_encoding, output_view)  # the usual case
+            return await _respond(response, request.outputs, binary_default, accept_encoding, output_view)
         except Disconnected:
             raise
         except Exception as exc:
@@ -218,12 +215,7 @@ class InferEndpoint:
         reply = None
         try:
             output_view = self._prepare(headers, request)
-            response = run(request, True)
-            if not isinstance(response, InferenceResponse) and response is not None:
-                response = await response
-            if response is None:
-                raise Disconnected
-            reply = await _reply_off_loop(response, request.outputs, binary_default, accept_encoding, output_view)
+            reply = await _respond(run(request, True), request.outputs, binary_default, accept_encoding, output_view)
         except Exception as exc:
             error = exc.with_traceback(None)
         holder = [request]
@@ -238,15 +230,20 @@ class InferEndpoint:
 def _reply(response: InferenceResponse, requested: list[Any], binary_default: bool,
            accept_encoding: str | None, shm: kserve.ShmOutputLookup | None = None,
            ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
-    """The 200 reply for ``response``, encoded here and now (a small one: see :func:`_reply_off_loop`)."""
+    """The 200 reply for ``response``, encoded here and now (a small one: see :func:`_respond`)."""
     return _framed(*encode_response(response, requested, binary_default, accept_encoding, shm))
 
 
-async def _reply_off_loop(response: InferenceResponse, requested: list[Any], binary_default: bool,
-                          accept_encoding: str | None, shm: kserve.ShmOutputLookup | None = None,
-                          ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
-    """:func:`_reply` for a large encode (JSON, shared-memory copies, compression): in a worker
-    thread, unless kserve.response_is_large says it is small."""
+async def _respond(response: InferenceResponse | None | Awaitable[InferenceResponse | None], requested: list[Any],
+                   binary_default: bool, accept_encoding: str | None, shm: kserve.ShmOutputLookup | None = None,
+                   ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+    """:func:`_reply` for what ``run`` returned (awaited when it is an awaitable), with a large
+    encode (JSON, shared-memory copies, compression) in a worker thread. Raises Disconnected
+    when the client went away."""
+    if not isinstance(response, InferenceResponse) and response is not None:
+        response = await response
+    if response is None:
+        raise Disconnected
     if not kserve.response_is_large(response, requested, binary_default, accept_encoding is not None):
         return _reply(response, requested, binary_default, accept_encoding, shm)
     return _framed(*await offload.run_sync(encode_response, response, requested, binary_default,
