@@ -15,11 +15,11 @@ only moves bytes and drives the ASGI calls:
   app's /infer) and writes the head and body with one ``writev``; a small response made while
   other tasks share the loop's round is kept and written with theirs when the round ends
   (:class:`_Flusher`: one wake-up of a client reading many connections instead of one per
-  response), and the connection's next write waits for it, so responses stay in order. Disconnects are watched
-  without a task per request: one ticker per server (:func:`_tick`) finds requests still
-  running after ``WATCH_DELAY`` and wakes their connection's watcher task (started the first
-  time it is needed), which reads the socket until the request ends; EOF or a reset cancels
-  the request and closes the connection;
+  response), and the connection's next write waits for it, so responses stay in order.
+  Disconnects are watched without a task per request: one ticker per server (:func:`_tick`)
+  finds requests still running after ``WATCH_DELAY`` and wakes their connection's watcher task
+  (started the first time it is needed), which reads the socket until the request ends; EOF or
+  a reset cancels the request and closes the connection;
 * ``receive()`` returns the body as ``http.request`` messages (no larger than 1 MiB each, so a
   size limit can refuse a large body early) and sends ``100 Continue`` the first time it needs
   body bytes the client holds back; once the body is read, ``receive()`` returns
@@ -114,9 +114,10 @@ class _Flusher(trio.abc.Instrument):
     of every connection that was readable) are instead kept by their connections and written
     back to back by :meth:`before_io_wait` (a trio instrument hook, called by the loop before it
     polls), or as soon as DEFER_LIMIT of them wait: a client that reads many connections (wrk,
-    a pool of keep-alive connections) is woken once for all of them. At one connection nothing
-    changes: the pass ends right after the response is made. Never raises (an exception would
-    disable the instrument).
+    a pool of keep-alive connections) is woken once for all of them. A response whose task is
+    alone in its round (one client, one connection: ``Round.shared()`` is false) is written at
+    once instead, as waiting would only delay it. Never raises (an exception would disable the
+    instrument).
     """
 
     def __init__(self) -> None:
@@ -328,7 +329,8 @@ class _Connection:
             await self._write_rest(parts)
 
     def defer(self, parts: list[Any]) -> None:
-        """Keep ``parts`` for the flusher (see _Flusher); the caller checked :meth:`can_defer`."""
+        """Keep ``parts`` (a whole response) for the flusher (see _Flusher). The caller checked
+        that the connection stays open and is not waiting for an earlier write (:attr:`stuck`)."""
         if self.deferred is None:
             self.deferred = parts
             flusher = self.state.flusher
