@@ -163,7 +163,7 @@ class _State:
 
 class _Connection:
     __slots__ = ("state", "stream", "fd", "parser", "cancel_scope", "idle", "served", "reaper_mark", "client",
-                 "sockname", "eof", "broken", "linger", "head_deadline", "nursery", "yielded", "streak", "moved", "sent_continue",
+                 "sockname", "eof", "broken", "linger", "head_deadline", "watcher", "yielded", "streak", "moved", "sent_continue",
                  "protocol_error", "busy", "seen", "park", "watching", "request_scope", "drained", "answer",
                  "tasks", "deferred", "stuck")
 
@@ -180,7 +180,7 @@ class _Connection:
         self.broken = False  # a write failed
         self.linger = False  # close with request bytes unread: drain before closing
         self.head_deadline = trio.current_time() + state.header_timeout  # first request: from the accept
-        self.nursery: trio.Nursery | None = None  # holds the disconnect watcher (started on the first /infer)
+        self.watcher = False  # the disconnect watcher has started (the first time a request ran long)
         self.yielded = False  # the task waited for the socket since the last request
         self.streak = 0  # requests served since the task last yielded (fairness: see YIELD_EVERY)
         self.moved = 0  # bytes received or sent since then (see YIELD_BYTES)
@@ -200,7 +200,7 @@ class _Connection:
         # next write waits for that, so responses stay in order)
         self.deferred: list[Any] | None = None
         self.stuck: trio.Event | None = None
-        self.tasks: trio.Nursery | None = None  # the connection's nursery
+        self.tasks: trio.Nursery | None = None  # the connection's nursery (the watcher, a stuck write)
         self.answer = Answer()  # how a queued request's response comes back (one request at a time)
         try:
             self.client: tuple[str, int] | None = tuple(stream.socket.getpeername()[:2])  # type: ignore[assignment]
@@ -215,7 +215,7 @@ class _Connection:
             with self.cancel_scope:
                 try:
                     async with trio.open_nursery() as nursery:
-                        self.nursery = self.tasks = nursery
+                        self.tasks = nursery
                         await self._serve()
                         if self.deferred is not None or self.stuck is not None:
                             await self.writev([])  # what waits for the flusher goes out before the close
@@ -602,9 +602,9 @@ class _Connection:
         ticker's call, see :func:`_tick`)."""
         if self.park is not None:
             self.park.cancel()
-        elif self.nursery is not None and self.watching is None:
-            self.nursery.start_soon(self._watch, name="trident.http.watch_disconnect")
-            self.nursery = None  # started once
+        elif self.tasks is not None and not self.watcher and self.watching is None:
+            self.tasks.start_soon(self._watch, name="trident.http.watch_disconnect")
+            self.watcher = True  # started once
 
     async def _watch(self) -> None:
         """The connection's disconnect watcher: one task for all its requests, started the first
