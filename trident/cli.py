@@ -36,6 +36,9 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"invalid boolean value '{text}'")
 
 
+MAX_BUSY_POLL_US = 10_000
+
+
 def _positive_int(text: str) -> int:
     try:
         v = int(text)
@@ -50,6 +53,13 @@ def _port(text: str) -> int:
     v = _positive_int(text)
     if v > 65535:
         raise argparse.ArgumentTypeError(f"invalid port '{text}'")
+    return v
+
+
+def _busy_poll_us(text: str) -> int:
+    v = _positive_int(text)
+    if v > MAX_BUSY_POLL_US:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_BUSY_POLL_US} microseconds, got '{text}'")
     return v
 
 
@@ -166,6 +176,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     g.add_argument("--id", dest="server_id", default=d.server_id, help="server identifier in server metadata")
     g.add_argument("--exit-timeout-secs", type=_seconds, default=d.exit_timeout_secs,
                    help="on SIGTERM/SIGINT, how long in-flight inferences may take before they are cancelled")
+    g.add_argument("--busy-poll-us", type=_busy_poll_us, default=d.busy_poll_us,
+                   help="microseconds the event loop polls for the next request before it sleeps, while "
+                        "requests keep coming that fast (0: never; at most 10000)")
 
     lg = serve.add_argument_group("Logging")
     lg.add_argument("--log-verbose", type=_positive_int, default=d.log_verbose,

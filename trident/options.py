@@ -14,6 +14,9 @@ EXAMPLE_REPOSITORY = Path(trident.__file__).parent / "example_repository"
 class ServerOptions:
     model_repositories: list[str] = field(default_factory=lambda: [str(EXAMPLE_REPOSITORY)])
     server_id: str = "triton"
+    # the event loop polls this long for the next request before it sleeps (0: off; trident's
+    # own, see trident.batching.rounds)
+    busy_poll_us: int = 100
     # front ends
     allow_http: bool = True
     http_address: str = "0.0.0.0"

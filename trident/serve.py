@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 import trident
+from trident.batching import rounds
 from trident.errors import TritonError
 from trident.observability.logs import LogSettings
 from trident.options import ServerOptions
@@ -274,6 +275,8 @@ async def serve(options: ServerOptions) -> int:
         tuned = tune_malloc()
         if tuned:
             log.debug("malloc: %s", ", ".join(tuned))
+        if options.busy_poll_us and not rounds.current().busy_poll(options.busy_poll_us / 1e6):
+            log.info("--busy-poll-us: this trio's poller is out of reach; the loop sleeps at once")
         # the front ends listen before the models load: live is true and ready false meanwhile
         async with open_server(options, log_settings, load=False) as server:
             shutdown = trio.Event()

@@ -105,25 +105,26 @@ DEFER_LIMIT = 32  # responses waiting for the flush: at this many they are writt
 _INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
 
 
-class _Flusher(trio.abc.Instrument):
+class _Flusher:
     """Small /infer responses written together, when the run loop is about to wait for I/O.
 
     A response written the moment it is ready wakes its client once per response: across CPUs
     that is an inter-processor interrupt inside the write, and the client's next request then
     interrupts the server in turn. Responses made in the same pass of the run loop (the requests
     of every connection that was readable) are instead kept by their connections and written
-    back to back by :meth:`before_io_wait` (a trio instrument hook, called by the loop before it
-    polls), or as soon as DEFER_LIMIT of them wait: a client that reads many connections (wrk,
-    a pool of keep-alive connections) is woken once for all of them. A response whose task is
+    back to back by :meth:`end_of_round` (called at the end of the loop's round, before it
+    polls: :meth:`trident.batching.rounds.Round.at_end`), or as soon as DEFER_LIMIT of them
+    wait: a client that reads many connections (wrk, a pool of keep-alive connections) is woken
+    once for all of them. A response whose task is
     alone in its round (one client, one connection: ``Round.shared()`` is false) is written at
     once instead, as waiting would only delay it. Never raises (an exception would disable the
-    instrument).
+    loop's instrument).
     """
 
     def __init__(self) -> None:
         self.waiting: list[_Connection] = []
 
-    def before_io_wait(self, timeout: float) -> None:
+    def end_of_round(self) -> None:
         if self.waiting:
             self.flush()
 
@@ -979,7 +980,7 @@ async def serve_asgi(
     state = _State(app, max_head_size, keep_alive_timeout, header_timeout, body_timeout, max_connections,
                    infer_endpoint)
     state.round = rounds.current()
-    trio.lowlevel.add_instrument(state.flusher)
+    stop_flushing = state.round.at_end(state.flusher.end_of_round)
     try:
         async with trio.open_nursery() as watching:
             if infer_endpoint is not None:
@@ -1002,7 +1003,7 @@ async def serve_asgi(
                 connections.cancel_scope.deadline = trio.current_time() + graceful_timeout
             watching.cancel_scope.cancel()
     finally:
-        trio.lowlevel.remove_instrument(state.flusher)
+        stop_flushing()
         state.flusher.flush()
         for listener in listeners:
             listener.close()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import time
+
 import trio
 import trio.testing
 
@@ -69,7 +72,65 @@ def test_each_run_has_its_own_round():
     assert trio.run(one) is not trio.run(one)
 
 
-def test_a_trio_without_a_run_queue_is_never_alone():
-    r = rounds.Round(None)
-    r.after_io_wait(0.0)
-    assert not r.tracking and r.size == 0 and not r.alone()
+async def test_end_of_round_work_runs_in_order_before_each_poll_until_removed():
+    r = rounds.current()
+    calls: list[str] = []
+    remove_a = r.at_end(lambda: calls.append("a"))
+    remove_b = r.at_end(lambda: calls.append("b"))
+    await trio.sleep(0.001)  # the loop polls (and sleeps) at least once
+    assert calls[:2] == ["a", "b"] and len(calls) % 2 == 0
+    remove_a()
+    calls.clear()
+    await trio.sleep(0.001)
+    assert calls and set(calls) == {"b"}
+    remove_b()
+    calls.clear()
+    await trio.sleep(0.001)
+    assert calls == []
+
+
+async def test_busy_polling_catches_what_arrives_within_the_window_and_stops_after_a_miss():
+    r = rounds.current()
+    assert r.busy_poll(0.05)  # 50 ms: generous on a loaded machine
+    try:
+        raw_a, b = socket.socketpair()
+        a = trio.socket.from_stdlib_socket(raw_a)
+        with a, b:
+            # the peer answers from a thread after a few ms: the loop is polling then, not asleep
+            def answer() -> None:
+                time.sleep(0.003)
+                b.send(b"x")
+
+            async def answer_later() -> None:
+                await trio.to_thread.run_sync(answer)
+
+            async with trio.open_nursery() as nursery:
+                spins, caught = r.spins, r.caught
+                nursery.start_soon(answer_later)
+                assert await a.recv(1) == b"x"
+            assert r.caught > caught and r.spins > spins
+            # a wait longer than the window: the next wait does not poll
+            await trio.sleep(0.12)
+            spins = r.spins
+            await trio.sleep(0.12)  # a wait after a miss sleeps at once
+            assert r.spins == spins
+            # a short wait (a checkpoint's round, then a 1 ms sleep) turns polling on again
+            await trio.sleep(0.001)
+            await trio.sleep(0.001)
+            assert r.spins > spins
+    finally:
+        assert r.busy_poll(0)
+    spins = r.spins
+    await trio.sleep(0.001)
+    assert r.spins == spins and r.window == 0
+
+
+def test_a_trio_without_a_run_queue_is_never_alone_and_never_polls():
+    async def main() -> None:
+        r = rounds.Round(None)
+        r.after_io_wait(0.0)
+        assert not r.tracking and r.size == 0 and not r.alone()
+        r.before_io_wait(1.0)  # off: returns at once
+        assert r.spins == 0
+
+    trio.run(main)

@@ -30,10 +30,17 @@ def test_flags():
     assert o.default_max_batch_size == 16 and o.disable_auto_complete_config is True
 
 
+def test_busy_polling_is_on_by_default_and_bounded():
+    assert parse().busy_poll_us == 100
+    assert parse("--busy-poll-us=0").busy_poll_us == 0
+    assert parse("--busy-poll-us", "10000").busy_poll_us == 10_000
+
+
 @pytest.mark.parametrize("argv", [["--bogus"], ["--http-port=abc"], ["--http-port=70000"], ["--allow-http=maybe"],
                                   ["--model-control-mode=sometimes"], ["--load-model=x"],
                                   ["--model-control-mode=explicit", "--load-model=*", "--load-model=y"],
-                                  ["--backend-config=python"]])
+                                  ["--backend-config=python"], ["--busy-poll-us=-1"], ["--busy-poll-us=10001"],
+                                  ["--busy-poll-us=0.5"]])
 def test_bad_input_is_one_line_error(argv):
     proc = subprocess.run([sys.executable, "-m", "trident", "serve", *argv], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
