@@ -24,8 +24,9 @@ asleep and being woken costs more than a request's whole Python work where the s
 for one client's next request (in a VM each wake-up is an interrupt across CPUs and back); a
 request that arrives within the window is taken without either. The window is adaptive: it
 is spent only while the loop's previous wait ended within it (a miss turns it off until a
-wait is short again), so a server with sparse requests, or waiting on long work in threads,
-never spins, and one that spins wastes at most one window per miss. The poll watches trio's
+wait is short again), so a server with sparse requests never spins, and one that spins
+wastes at most one window per miss. It is not spent while a model call runs on an instance
+thread (:attr:`Round.away`): that thread may need the GIL (or the CPU) the poll would hold. The poll watches trio's
 own epoll descriptor (a private name; elsewhere there is no busy polling).
 """
 
@@ -51,9 +52,11 @@ class Round(trio.abc.Instrument):
         self.crowded = False
         self._ends: list[Callable[[], None]] = []  # the end-of-round work, in registration order
         self._poll: Callable[[int], list[Any]] | None = None  # polls trio's epoll fd (busy polling)
+        self._wake: Callable[[Callable[[], None]], None] = _nothing_to_wake
         self.window = 0.0  # seconds of busy polling before the loop sleeps (0: off)
         self._spin = True  # the previous wait ended within the window: poll before this one
         self._waiting_since = 0.0
+        self.away = 0  # calls running on threads of the server's: no busy polling meanwhile
         self.spins = 0  # windows spent polling (the ones that caught a request: ``caught``)
         self.caught = 0
 
@@ -72,7 +75,7 @@ class Round(trio.abc.Instrument):
         if self.window and timeout > 0:
             self._waiting_since = now = time.perf_counter()
             poll = self._poll
-            if self._spin and poll is not None:
+            if self._spin and poll is not None and not self.away:
                 self.spins += 1
                 until = now + min(self.window, timeout)
                 while True:
@@ -80,6 +83,11 @@ class Round(trio.abc.Instrument):
                         self.caught += 1
                         return
                     if time.perf_counter() >= until:
+                        # trio then waits for the ``timeout`` it computed before this poll:
+                        # a wake-up of its own makes it look again at once, so that no timer
+                        # fires late by the time spent here (a window, or more when another
+                        # thread took the GIL meanwhile)
+                        self._wake(_nothing)
                         return
 
     def after_io_wait(self, timeout: float) -> None:
@@ -109,6 +117,7 @@ class Round(trio.abc.Instrument):
             poller = select.poll()
             poller.register(fd, select.POLLIN)
             self._poll = poller.poll
+            self._wake = trio.lowlevel.current_trio_token().run_sync_soon
         self.window = window
         self._spin = True
         return True
@@ -153,6 +162,14 @@ def _run_queue() -> deque[Any] | None:
     except (ImportError, AttributeError):
         return None
     return runq if isinstance(runq, deque) else None
+
+
+def _nothing() -> None:
+    """Run by the loop after a busy poll that caught nothing (see Round.before_io_wait)."""
+
+
+def _nothing_to_wake(fn: Callable[[], None]) -> None:
+    """No loop to wake (busy polling was never on)."""
 
 
 def _epoll_fd() -> int | None:

@@ -68,6 +68,8 @@ VARIANTS: dict[str, dict] = {
     "cache_miss": {"flags": ["--cache-config=local,size=67108864"], "model": "cached", "body": "vary"},
     "cache_hit": {"flags": ["--cache-config=local,size=67108864"], "model": "cached"},
     "inline_never": {"model": "threaded"},
+    "busy_poll_off": {"flags": ["--busy-poll-us=0"]},
+    "inline_never_busy_poll_off": {"model": "threaded", "flags": ["--busy-poll-us=0"]},
 }
 
 

@@ -128,7 +128,9 @@ def throughput(args: argparse.Namespace) -> None:
     subprocess.run([sys.executable, str(harness), "table", str(out)], check=True)
 
 
-async def _lag_run(mode: str | None, seconds: float, work: int, clients: int) -> dict[str, float]:
+async def _lag_run(mode: str | None, seconds: float, work: int, clients: int,
+                   busy_poll_us: int) -> dict[str, float]:
+    from trident.batching import rounds
     from trident.options import ServerOptions
     from trident.server import open_server
     from trident.types import InferenceRequest, Tensor
@@ -140,6 +142,7 @@ async def _lag_run(mode: str | None, seconds: float, work: int, clients: int) ->
         (root / "spin" / "1" / "model.py").write_text(SPIN_MODEL)
         lags: list[float] = []
         served = 0
+        rounds.current().busy_poll(busy_poll_us / 1e6)  # as `trident serve --busy-poll-us` does
         async with open_server(ServerOptions(model_repositories=[str(root)])) as server:
             async def client() -> None:
                 nonlocal served
@@ -170,11 +173,12 @@ async def _lag_run(mode: str | None, seconds: float, work: int, clients: int) ->
 def lag(args: argparse.Namespace) -> None:
     rows = []
     for label, mode in (("no model load", None), ("in-process (thread)", "thread"), ("isolated (process)", "process")):
-        result = trio.run(_lag_run, mode, args.duration, args.spin, args.clients)
+        result = trio.run(_lag_run, mode, args.duration, args.spin, args.clients, args.busy_poll_us)
         rows.append((label, result))
         print(json.dumps({"case": label, **{k: round(v, 3) for k, v in result.items()}}), flush=True)
     print(f"\nEvent-loop wake-up lag of a 1 ms trio sleep while {args.clients} client(s) keep a pure-Python model "
-          f"busy (sum(range({args.spin})) per request), {args.duration} s each:\n")
+          f"busy (sum(range({args.spin})) per request), {args.duration} s each, "
+          f"busy polling {args.busy_poll_us} us:\n")
     print("| execution | worst ms | p99 ms | p50 ms | model req/s |")
     print("|---|---|---|---|---|")
     for label, r in rows:
@@ -191,6 +195,7 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--spin", type=int, default=300_000, help="loop iterations per spin request")
     ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--busy-poll-us", type=int, default=100, help="the server's --busy-poll-us (lag)")
     args = ap.parse_args()
     os.chdir(ROOT)
     if args.what in ("lag", "all"):

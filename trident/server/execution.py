@@ -26,6 +26,7 @@ import trio
 
 from trident.backends import ModelInstance
 from trident.backends.base import OwnedThread, Threads
+from trident.batching import rounds
 from trident.batching.outputs import finish_outputs
 from trident.config import INLINE_MODES, INLINE_PARAMETER
 from trident.errors import Code, TritonError, internal
@@ -438,6 +439,7 @@ class InstanceThread:
         self._thread: OwnedThread | None = None
         self._calls: list[_Call] = []  # queued or running (touched on trio's thread only)
         self._abandoned: TritonError | None = None
+        self._round = rounds.current()  # counts the calls away on threads (no busy polling meanwhile)
 
     async def run(self, fn: Callable[..., Any], *args: Any, on_cancel: Callable[[], None] | None = None) -> Any:
         """``fn(*args)`` on the thread; its result, or its exception raised here.
@@ -454,6 +456,7 @@ class InstanceThread:
         call = _Call(fn, args)
         self._calls.append(call)
         self._queue.put(call)
+        self._round.away += 1
 
         def abort(_: Any) -> trio.lowlevel.Abort:
             if on_cancel is not None:
@@ -482,6 +485,7 @@ class InstanceThread:
         with contextlib.suppress(ValueError):
             self._calls.remove(call)
         if not call.abandoned:
+            self._round.away -= 1
             trio.lowlevel.reschedule(call.task, result)
 
     def abandon(self, error: TritonError) -> int:
@@ -494,6 +498,7 @@ class InstanceThread:
         self._abandoned = error
         for call in calls:
             call.abandoned = True
+            self._round.away -= 1
             trio.lowlevel.reschedule(call.task, outcome.Error(error))
         return len(calls)
 

@@ -21,6 +21,7 @@ from trident.backends.python import _convert, pb_utils
 from trident.backends.python._aio import InstanceLoop
 from trident.backends.python._pb_tensor import _capsule_dtype
 from trident.backends.python.backend import PythonBackend, PythonInstance
+from trident.batching import rounds
 from trident.errors import Code, TritonError
 from trident.protocol.generated.inference import (
     DataType,
@@ -323,14 +324,18 @@ async def test_instance_thread_abandon_frees_the_waiting_caller() -> None:
         except TritonError as e:
             outcome.append(e)
 
+    away = rounds.current()  # a call on the thread keeps the loop from busy polling
+    assert await thread.run(sum, [1, 2]) == 3 and away.away == 0
     async with trio.open_nursery() as nursery:
         nursery.start_soon(call)
         await trio.sleep(0.05)
+        assert away.away == 1
         with trio.CancelScope(shield=True):
             assert thread.abandon(error) == 1
-    assert outcome == [error]
+    assert outcome == [error] and away.away == 0
     with pytest.raises(TritonError, match="given up"):
         await thread.run(time.time)
-    release.set()  # the stuck call returns later: nothing is rescheduled twice
+    release.set()  # the stuck call returns later: nothing is rescheduled (or counted) twice
     await trio.sleep(0.05)
+    assert away.away == 0
     thread.close()

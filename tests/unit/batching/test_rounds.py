@@ -118,6 +118,16 @@ async def test_busy_polling_catches_what_arrives_within_the_window_and_stops_aft
             await trio.sleep(0.001)
             await trio.sleep(0.001)
             assert r.spins > spins
+        # a call away on a thread of the server's: no polling while it runs
+        await trio.sleep(0.001)
+        r.away += 1
+        spins = r.spins
+        await trio.sleep(0.001)
+        await trio.sleep(0.001)
+        assert r.spins == spins
+        r.away -= 1
+        await trio.sleep(0.001)
+        assert r.spins > spins
     finally:
         assert r.busy_poll(0)
     spins = r.spins
