@@ -85,6 +85,7 @@ max_batch_size: 0
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
 '''
+SLOW_ONE_INSTANCE_CONFIG = SLOW_CONFIG + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
 
 RAISES_PY = '''
 import triton_python_backend_utils as pb_utils

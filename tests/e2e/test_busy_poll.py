@@ -17,26 +17,17 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from e2e.conftest import RunningServer, start_server
-from e2e.models import SLOW_PY, write_model
+from e2e.models import SLOW_ONE_INSTANCE_CONFIG, SLOW_PY, write_model
 from tritonclient.utils import InferenceServerException
 
 from trident.options import EXAMPLE_REPOSITORY
-
-SLOW = '''
-name: "slow"
-backend: "python"
-max_batch_size: 0
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-'''
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("busy_poll") / "repo"
     shutil.copytree(EXAMPLE_REPOSITORY, root, ignore=shutil.ignore_patterns("__pycache__"))
-    write_model(root, "slow", SLOW, SLOW_PY)
+    write_model(root, "slow", SLOW_ONE_INSTANCE_CONFIG, SLOW_PY)
     return root
 
 

@@ -22,28 +22,20 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from e2e.conftest import RunningServer, start_server
-from e2e.models import RAISES_CONFIG, RAISES_PY, SLOW_PY, write_model
+from e2e.models import RAISES_CONFIG, RAISES_PY, SLOW_ONE_INSTANCE_CONFIG, SLOW_PY, write_model
 from tritonclient.http._utils import _get_inference_request
 
 from trident.options import EXAMPLE_REPOSITORY
 
 KEY = ("infer-key", "open-sesame")
 LIMIT = 8192
-SLOW_ONE_INSTANCE = '''
-name: "slow"
-backend: "python"
-max_batch_size: 0
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-'''
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fastpath") / "repo"
     shutil.copytree(EXAMPLE_REPOSITORY, root, ignore=shutil.ignore_patterns("__pycache__"))
-    write_model(root, "slow", SLOW_ONE_INSTANCE, SLOW_PY)
+    write_model(root, "slow", SLOW_ONE_INSTANCE_CONFIG, SLOW_PY)
     write_model(root, "raises", RAISES_CONFIG, RAISES_PY)
     return root
 
