@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import signal
 import socket
 import time
 import zlib
@@ -31,11 +32,37 @@ KEY = ("infer-key", "open-sesame")
 LIMIT = 8192
 
 
+# sleeps X[0] seconds (after touching its marker), then answers 1.2 MB of JSON: a large response
+BIG_CONFIG = SLOW_ONE_INSTANCE_CONFIG.replace('"slow"', '"big"').replace(
+    'name: "Y" data_type: TYPE_FP32 dims: [ 1 ]', 'name: "Y" data_type: TYPE_FP32 dims: [ -1 ]')
+BIG_PY = '''
+import json
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            marker = json.loads(r.parameters()).get("marker")
+            if marker:
+                open(marker, "w").close()
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            time.sleep(float(x.reshape(-1)[0]))
+            y = np.full(300_000, x.reshape(-1)[0], dtype=np.float32)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return out
+'''
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fastpath") / "repo"
     shutil.copytree(EXAMPLE_REPOSITORY, root, ignore=shutil.ignore_patterns("__pycache__"))
     write_model(root, "slow", SLOW_ONE_INSTANCE_CONFIG, SLOW_PY)
+    write_model(root, "big", BIG_CONFIG, BIG_PY)
     write_model(root, "raises", RAISES_CONFIG, RAISES_PY)
     return root
 
@@ -329,6 +356,69 @@ def test_a_pipelined_request_behind_a_long_one_is_answered(fast, tmp_path):
         assert status == 200 and json.loads(body)["outputs"][0]["data"] == [0.5]
         status, _, body = reader.response()
         assert status == 200 and json.loads(body)["id"] == "after"
+
+
+def test_a_queued_request_answered_later_keeps_a_pipelined_answer_behind_it(fast, tmp_path):
+    """A request queued behind another connection's is answered by the task that runs it, while
+    its connection reads on; a request pipelined meanwhile is answered after it."""
+    running = tmp_path / "running"
+    with socket.create_connection(("127.0.0.1", fast.http_port), timeout=60) as first, \
+            socket.create_connection(("127.0.0.1", fast.http_port), timeout=60) as second:
+        first.sendall(post(b"/v2/models/slow/infer", x_json(0.4, marker=str(running))))
+        wait_for(running)  # it occupies the only instance
+        second.sendall(post(b"/v2/models/slow/infer", x_json(0.25)))  # queued
+        time.sleep(0.1)
+        second.sendall(post(b"/v2/models/add_sub/infer", add_sub_json(id="after")))
+        reader = Reader(second)
+        status, headers, body = reader.response()
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [0.25]
+        assert b"connection" not in headers
+        status, _, body = reader.response()
+        assert status == 200 and json.loads(body)["id"] == "after"
+        status, _, body = Reader(first).response()
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [0.4]
+
+
+def test_a_large_answer_to_a_queued_request_goes_out_whole_before_the_next(fast, tmp_path):
+    running = tmp_path / "big-running"
+    with socket.create_connection(("127.0.0.1", fast.http_port), timeout=60) as first, \
+            socket.create_connection(("127.0.0.1", fast.http_port), timeout=60) as second:
+        first.sendall(post(b"/v2/models/big/infer", x_json(0.3, marker=str(running))))
+        wait_for(running)
+        second.sendall(post(b"/v2/models/big/infer", x_json(0.0)))  # queued; its JSON answer is encoded off the loop
+        time.sleep(0.1)
+        second.sendall(post(b"/v2/models/add_sub/infer", add_sub_json(id="after")) + post(b"/v2/models/big/infer", b"{"))
+        reader = Reader(second)
+        status, _, body = reader.response()
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [0.0] * 300_000
+        status, _, body = reader.response()
+        assert status == 200 and json.loads(body)["id"] == "after"
+        status, _, body = reader.response()
+        assert status == 400 and "failed to parse the request JSON buffer" in json.loads(body)["error"]
+        status, _, body = Reader(first).response()
+        assert status == 200 and len(json.loads(body)["outputs"][0]["data"]) == 300_000
+
+
+def test_shutdown_answers_a_queued_request_then_closes_its_connection(repo, tmp_path):
+    """The drain lets the queued request run; its answer goes out, then the connection closes."""
+    server = _start("trident", repo)
+    running = tmp_path / "running"
+    try:
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as first, \
+                socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as second:
+            first.sendall(post(b"/v2/models/slow/infer", x_json(0.5, marker=str(running))))
+            wait_for(running)
+            second.sendall(post(b"/v2/models/slow/infer", x_json(0.1)))  # queued
+            time.sleep(0.1)
+            server.proc.send_signal(signal.SIGTERM)
+            for sock, value in ((first, 0.5), (second, 0.1)):
+                reader = Reader(sock)
+                status, _, body = reader.response()
+                assert status == 200 and json.loads(body)["outputs"][0]["data"] == [value]
+                assert reader.eof()  # then closed, as an idle connection at shutdown
+        assert server.proc.wait(timeout=30) == 0
+    finally:
+        server.stop()
 
 
 def test_many_connections_at_once_each_get_their_own_answers_in_order(fast):
