@@ -19,10 +19,10 @@ multiplexed on one connection) calls :meth:`Round.crowd`: none of them is alone 
 The same hook's other end, ``before_io_wait`` (once per round, before the poll), runs what
 front ends leave for the end of a round (:meth:`Round.at_end`: the HTTP server's write of the
 responses the round made, together) and then, when the server asked for it
-(:meth:`Round.busy_poll`), polls for a short while before letting the loop sleep. Falling
-asleep and being woken costs more than a request's whole Python work where the server waits
-for one client's next request (in a VM each wake-up is an interrupt across CPUs and back); a
-request that arrives within the window is taken without either. The window is adaptive: it
+(:meth:`Round.busy_poll`), polls for a short while before letting the loop sleep. Where the
+server waits for one client's next request, falling asleep and being woken is a large part of
+each request's time (in a VM each wake-up is an interrupt across CPUs and back); a request
+that arrives within the window is taken without either. The window is adaptive: it
 is spent only while the loop's previous wait ended within it (a miss turns it off until a
 wait is short again), so a server with sparse requests never spins, and one that spins
 wastes at most one window per miss. It is not spent while a model call runs on an instance
