@@ -22,12 +22,12 @@ responses the round made, together) and then, when the server asked for it
 (:meth:`Round.busy_poll`), polls for a short while before letting the loop sleep. Where the
 server waits for one client's next request, falling asleep and being woken is a large part of
 each request's time (in a VM each wake-up is an interrupt across CPUs and back); a request
-that arrives within the window is taken without either. The window is adaptive: it
-is spent only while the loop's previous wait ended within it (a miss turns it off until a
-wait is short again), so a server with sparse requests never spins, and one that spins
-wastes at most one window per miss. It is not spent while a model call runs on an instance
-thread (:attr:`Round.away`): that thread may need the GIL (or the CPU) the poll would hold. The poll watches trio's
-own epoll descriptor (a private name; elsewhere there is no busy polling).
+that arrives within the window is taken without either. The window is adaptive: it is
+spent only while the loop's previous wait ended within it (a miss turns it off until a wait
+is short again), so a server with sparse requests never spins, and one that spins wastes at
+most one window per miss. It is not spent while a model call runs on an instance thread
+(:attr:`Round.away`): that thread may need the GIL (or the CPU) the poll would hold. The poll
+watches trio's own epoll descriptor (a private name; elsewhere there is no busy polling).
 """
 
 from __future__ import annotations
@@ -87,7 +87,10 @@ class Round(trio.abc.Instrument):
                         # a wake-up of its own makes it look again at once, so that no timer
                         # fires late by the time spent here (a window, or more when another
                         # thread took the GIL meanwhile)
-                        self._wake(_nothing)
+                        try:
+                            self._wake(_nothing)
+                        except trio.RunFinishedError:  # the run is ending: no timer to keep
+                            pass
                         return
 
     def after_io_wait(self, timeout: float) -> None:
