@@ -32,6 +32,7 @@ watches trio's own epoll descriptor (a private name; elsewhere there is no busy 
 
 from __future__ import annotations
 
+import contextlib
 import select
 import time
 from collections import deque
@@ -51,8 +52,8 @@ class Round(trio.abc.Instrument):
         self.size = 0  # tasks in the round's batch (0: not tracked)
         self.crowded = False
         self._ends: list[Callable[[], None]] = []  # the end-of-round work, in registration order
-        self._poll: Callable[[int], list[Any]] | None = None  # polls trio's epoll fd (busy polling)
-        self._wake: Callable[[Callable[[], None]], None] = _nothing_to_wake
+        # busy polling's poll of trio's epoll fd and the loop's wake-up (trio's token), once on
+        self._poller: tuple[Callable[[int], list[Any]], Callable[[Callable[[], None]], None]] | None = None
         self.window = 0.0  # seconds of busy polling before the loop sleeps (0: off)
         self._spin = True  # the previous wait ended within the window: poll before this one
         self._waiting_since = 0.0
@@ -74,8 +75,8 @@ class Round(trio.abc.Instrument):
             end()
         if self.window and timeout > 0:
             self._waiting_since = now = time.perf_counter()
-            poll = self._poll
-            if self._spin and poll is not None and not self.away:
+            if self._spin and self._poller is not None and not self.away:
+                poll, wake = self._poller
                 self.spins += 1
                 until = now + min(self.window, timeout)
                 while True:
@@ -87,10 +88,8 @@ class Round(trio.abc.Instrument):
                         # a wake-up of its own makes it look again at once, so that no timer
                         # fires late by the time spent here (a window, or more when another
                         # thread took the GIL meanwhile)
-                        try:
-                            self._wake(_nothing)
-                        except trio.RunFinishedError:  # the run is ending: no timer to keep
-                            pass
+                        with contextlib.suppress(trio.RunFinishedError):  # the run is ending
+                            wake(_nothing)
                         return
 
     def after_io_wait(self, timeout: float) -> None:
@@ -113,14 +112,13 @@ class Round(trio.abc.Instrument):
         if window <= 0:
             self.window = 0.0
             return True
-        if self._poll is None:
+        if self._poller is None:
             fd = _epoll_fd()
             if fd is None:
                 return False
             poller = select.poll()
             poller.register(fd, select.POLLIN)
-            self._poll = poller.poll
-            self._wake = trio.lowlevel.current_trio_token().run_sync_soon
+            self._poller = (poller.poll, trio.lowlevel.current_trio_token().run_sync_soon)
         self.window = window
         self._spin = True
         return True
@@ -169,10 +167,6 @@ def _run_queue() -> deque[Any] | None:
 
 def _nothing() -> None:
     """Run by the loop after a busy poll that caught nothing (see Round.before_io_wait)."""
-
-
-def _nothing_to_wake(fn: Callable[[], None]) -> None:
-    """No loop to wake (busy polling was never on)."""
 
 
 def _epoll_fd() -> int | None:

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 
 HERE = Path(__file__).parent
@@ -77,6 +78,13 @@ class RunningServer:
                 self.proc.kill()
                 self.proc.wait(10)
         return self.proc.returncode
+
+
+def pending(server: RunningServer, model: str) -> int:
+    """The model's queued requests (version 1), as its metrics report them."""
+    text = httpx.get(server.metrics_url, timeout=10).text
+    m = re.search(rf'nv_inference_pending_request_count{{model="{model}",version="1"}} (\d+)', text)
+    return int(m.group(1)) if m else 0
 
 
 def start_server(*flags: str, repo: Path | str | None = None, timeout: float = 60.0,

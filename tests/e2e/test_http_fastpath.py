@@ -15,14 +15,14 @@ import signal
 import socket
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from e2e.conftest import RunningServer, start_server
+from e2e.conftest import RunningServer, pending, start_server
 from e2e.models import RAISES_CONFIG, RAISES_PY, SLOW_ONE_INSTANCE_CONFIG, SLOW_PY, write_model
 from tritonclient.http._utils import _get_inference_request
 
@@ -68,7 +68,7 @@ def repo(tmp_path_factory) -> Path:
 
 
 def _start(layer: str, repo: Path) -> RunningServer:
-    return start_server("--http-server", layer, "--allow-grpc=false", "--allow-metrics=false",
+    return start_server("--http-server", layer, "--allow-grpc=false",
                         "--http-max-input-size", str(LIMIT), "--http-restricted-api",
                         f"inference:{KEY[0]}={KEY[1]}", repo=repo)
 
@@ -313,11 +313,15 @@ def slow_stats(server: RunningServer) -> dict:
         return client.get("/v2/models/slow/stats").json()["model_stats"][0]["inference_stats"]
 
 
-def wait_for(path: Path, timeout: float = 30.0) -> None:
+def wait_until(condition: Callable[[], bool], what: str = "the condition", timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} never held"
         time.sleep(0.02)
+
+
+def wait_for(path: Path) -> None:
+    wait_until(path.exists, f"{path} exists")
 
 
 def test_a_disconnect_cancels_a_running_and_a_queued_request(fast, tmp_path):
@@ -358,16 +362,16 @@ def test_a_pipelined_request_behind_a_long_one_is_answered(fast, tmp_path):
         assert status == 200 and json.loads(body)["id"] == "after"
 
 
-def test_a_queued_request_answered_later_keeps_a_pipelined_answer_behind_it(fast, tmp_path):
-    """A request queued behind another connection's is answered by the task that runs it, while
-    its connection reads on; a request pipelined meanwhile is answered after it."""
+def test_a_request_pipelined_behind_a_queued_one_is_answered_after_it(fast, tmp_path):
+    """A request waits in the model's queue behind another connection's; one its client
+    pipelines meanwhile is answered after it, on the same kept-alive connection."""
     running = tmp_path / "running"
     with socket.create_connection(("127.0.0.1", fast.http_port), timeout=60) as first, \
             socket.create_connection(("127.0.0.1", fast.http_port), timeout=60) as second:
         first.sendall(post(b"/v2/models/slow/infer", x_json(0.4, marker=str(running))))
         wait_for(running)  # it occupies the only instance
-        second.sendall(post(b"/v2/models/slow/infer", x_json(0.25)))  # queued
-        time.sleep(0.1)
+        second.sendall(post(b"/v2/models/slow/infer", x_json(0.25)))
+        wait_until(lambda: pending(fast, "slow") == 1)  # queued behind the first
         second.sendall(post(b"/v2/models/add_sub/infer", add_sub_json(id="after")))
         reader = Reader(second)
         status, headers, body = reader.response()
@@ -385,8 +389,8 @@ def test_a_large_answer_to_a_queued_request_goes_out_whole_before_the_next(fast,
             socket.create_connection(("127.0.0.1", fast.http_port), timeout=60) as second:
         first.sendall(post(b"/v2/models/big/infer", x_json(0.3, marker=str(running))))
         wait_for(running)
-        second.sendall(post(b"/v2/models/big/infer", x_json(0.0)))  # queued; its JSON answer is encoded off the loop
-        time.sleep(0.1)
+        second.sendall(post(b"/v2/models/big/infer", x_json(0.0)))  # its JSON answer is encoded off the loop
+        wait_until(lambda: pending(fast, "big") == 1)
         second.sendall(post(b"/v2/models/add_sub/infer", add_sub_json(id="after")) + post(b"/v2/models/big/infer", b"{"))
         reader = Reader(second)
         status, _, body = reader.response()
@@ -408,8 +412,8 @@ def test_shutdown_answers_a_queued_request_then_closes_its_connection(repo, tmp_
                 socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as second:
             first.sendall(post(b"/v2/models/slow/infer", x_json(0.5, marker=str(running))))
             wait_for(running)
-            second.sendall(post(b"/v2/models/slow/infer", x_json(0.1)))  # queued
-            time.sleep(0.1)
+            second.sendall(post(b"/v2/models/slow/infer", x_json(0.1)))
+            wait_until(lambda: pending(server, "slow") == 1)  # queued before the shutdown starts
             server.proc.send_signal(signal.SIGTERM)
             for sock, value in ((first, 0.5), (second, 0.1)):
                 reader = Reader(sock)

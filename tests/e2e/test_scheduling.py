@@ -4,7 +4,6 @@ preserved ordering, the response cache, warmup, instance-count changes and insta
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from e2e.conftest import pending
 from tritonclient.utils import InferenceServerException
 
 MODEL_PY = '''
@@ -162,12 +162,6 @@ class Call:
         if self.error is not None:
             raise self.error
         return self.result
-
-
-def pending(server, model: str) -> int:
-    text = httpx.get(server.metrics_url, timeout=10).text
-    m = re.search(rf'nv_inference_pending_request_count{{model="{model}",version="1"}} (\d+)', text)
-    return int(m.group(1)) if m else 0
 
 
 def wait_for(predicate, timeout: float = 15.0) -> None:

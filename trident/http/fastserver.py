@@ -115,10 +115,9 @@ class _Flusher:
     back to back by :meth:`end_of_round` (called at the end of the loop's round, before it
     polls: :meth:`trident.batching.rounds.Round.at_end`), or as soon as DEFER_LIMIT of them
     wait: a client that reads many connections (wrk, a pool of keep-alive connections) is woken
-    once for all of them. A response whose task is
-    alone in its round (one client, one connection: ``Round.shared()`` is false) is written at
-    once instead, as waiting would only delay it. Never raises (an exception would disable the
-    loop's instrument).
+    once for all of them. A response whose task is alone in its round (one client, one
+    connection: ``Round.shared()`` is false) is written at once instead, as waiting would only
+    delay it. Never raises (an exception would disable the loop's instrument).
     """
 
     def __init__(self) -> None:

@@ -90,8 +90,10 @@ async def test_end_of_round_work_runs_in_order_before_each_poll_until_removed():
 
 
 async def test_busy_polling_catches_what_arrives_within_the_window_and_stops_after_a_miss():
+    # windows far from the waits they are checked against, so that a loaded machine cannot
+    # turn a catch into a miss or a short wait into a long one: 1 s, and 20 ms against 100 ms
     r = rounds.current()
-    assert r.busy_poll(0.05)  # 50 ms: generous on a loaded machine
+    assert r.busy_poll(1.0)
     try:
         raw_a, b = socket.socketpair()
         a = trio.socket.from_stdlib_socket(raw_a)
@@ -110,11 +112,13 @@ async def test_busy_polling_catches_what_arrives_within_the_window_and_stops_aft
                 assert await a.recv(1) == b"x"
             assert r.caught > caught and r.spins > spins
             # a wait longer than the window: the next wait does not poll
-            await trio.sleep(0.12)
+            r.window = 0.02
+            await trio.sleep(0.1)
             spins = r.spins
-            await trio.sleep(0.12)  # a wait after a miss sleeps at once
+            await trio.sleep(0.1)  # a wait after a miss sleeps at once
             assert r.spins == spins
-            # a short wait (a checkpoint's round, then a 1 ms sleep) turns polling on again
+            # a short wait (a 1 ms sleep, not polled) turns polling on again
+            r.window = 1.0
             await trio.sleep(0.001)
             await trio.sleep(0.001)
             assert r.spins > spins
