@@ -4,7 +4,12 @@ One :class:`DynamicScheduler` per model version runs in the version's nursery: a
 and one worker task per instance. The batcher applies the queue policies
 (:mod:`trident.batching.policy`) and the batch-forming rules (:func:`form_batch`) whenever a
 request arrives, an instance becomes idle or a delay/timeout elapses, and hands each batch to
-an idle instance's worker. A worker holds its instance's rate-limiter resources (when
+an idle instance's worker. Where there is nothing to time (no queue delay, no queue timeout)
+a request that finds an instance idle wakes that instance's worker instead, which forms the
+batch itself at its turn, after the tasks of the request's loop round (and of the round its
+turn falls in, when that one has other tasks) have queued theirs: they share the batch, and
+neither a hop through the batcher task nor its round is spent. A worker also takes the next
+batch itself when it finishes one. A worker holds its instance's rate-limiter resources (when
 ``--rate-limit`` is on) while it executes. Without ``dynamic_batching`` the same scheduler
 runs each request alone (Triton's default scheduler).
 
@@ -80,12 +85,16 @@ def reject(item: Any, error: TritonError) -> None:
     item.request.responder.send(InferenceResponse(error=error), final=True)
 
 
+#: what an idle worker is sent instead of a batch when it is to form the batch itself
+_FORM: list[Any] = []
+
+
 class _Worker:
     __slots__ = ("instance", "send", "receive", "retiring", "done")
 
     def __init__(self, instance: Any) -> None:
         self.instance = instance
-        self.send, self.receive = trio.open_memory_channel[list[Any] | None](1)
+        self.send, self.receive = trio.open_memory_channel[list[Any] | None](1)  # a batch, _FORM or None
         self.retiring = False
         self.done = trio.Event()
 
@@ -102,6 +111,9 @@ class DynamicScheduler(Scheduler):
         self.rules = rules
         self.priorities = priorities
         self._queue = PriorityQueue(priorities)
+        default_policy = priorities.policy_of(priorities.default_level)
+        # where a request without parameters waits: (level, policy, queue timeout in µs)
+        self._plain = (priorities.default_level, default_policy, default_policy.timeout_us(0))
         self._key = key
         self._sequencer = Sequencer() if preserve_ordering else None
         self._rate_limiter = rate_limiter
@@ -112,6 +124,7 @@ class DynamicScheduler(Scheduler):
         self._nursery: trio.Nursery | None = None
         self._execute: ExecuteBatch | None = None
         self._pending_starts: list[_Worker] = []
+        self._forming = False  # a worker is woken to form a batch (see enqueue)
         self._round: rounds.Round | None = None  # this run's rounds, once serving
 
     # ---- front door -----------------------------------------------------------------------
@@ -123,24 +136,36 @@ class DynamicScheduler(Scheduler):
         """
         now = trio.current_time()
         parameters = item.request.parameters
-        level = self.priorities.level_of(request_priority(parameters))
-        policy = self.priorities.policy_of(level)
-        timeout_us = policy.timeout_us(request_timeout_us(parameters))
+        if parameters:
+            level = self.priorities.level_of(request_priority(parameters))
+            policy = self.priorities.policy_of(level)
+            timeout_us = policy.timeout_us(request_timeout_us(parameters))
+        else:  # the usual request: the default level and its policy's timeout
+            level, policy, timeout_us = self._plain
         deadline = now + timeout_us / 1_000_000 if timeout_us else None
         key = self._key(item.request) if self._key is not None else None
         entry = Entry(item, level, now, deadline, key, item.batch_size)
         if policy.max_queue_size and self._queue.level_size(level) >= policy.max_queue_size:
             self._queue.remove_cancelled(self._drop)
         self._queue.push(entry)
-        if self._idle and not self.rules.enabled:
-            # no batching and an instance is free: hand it the request now rather than in the
-            # batcher task's next round (with batching, requests arriving in the same round are
-            # left to the batcher so that they can share a batch)
-            self.step(now)
-            if len(self._queue):
-                self._wakeup.set()
-        else:
-            self._wakeup.set()
+        if not self.rules.enabled:
+            if self._idle:
+                # no batching and an instance is free: hand it the request now rather than in
+                # the batcher task's next round
+                self.step(now)
+                if not len(self._queue):
+                    return
+        elif deadline is None and not self.rules.max_queue_delay:
+            # nothing to time: an idle instance's worker forms the batch itself at its turn,
+            # after every request of this loop round has queued (they share the batch), with
+            # no hop through the batcher task
+            if self._forming:
+                return  # a worker already woken for that takes this request too
+            if self._idle:
+                self._forming = True
+                self._idle.popleft().send.send_nowait(_FORM)
+                return
+        self._wakeup.set()
 
     def queued(self) -> int:
         return len(self._queue)
@@ -235,6 +260,22 @@ class DynamicScheduler(Scheduler):
             self._wakeup.set()
             batch = await worker.receive.receive()
             while batch is not None:
+                if batch is _FORM:
+                    if self._round is not None and self._round.shared():
+                        # other tasks run in this round: requests they decode join the batch
+                        await trio.lowlevel.cancel_shielded_checkpoint()
+                    self._forming = False
+                    if worker.retiring:  # what queued meanwhile is the batcher's
+                        self._wakeup.set()
+                        break
+                    # the round's requests have queued: the batch is formed here, given to
+                    # this worker first (and to other idle ones if it overflows)
+                    self._idle.appendleft(worker)
+                    self.step(trio.current_time())
+                    if len(self._queue):
+                        self._wakeup.set()
+                    batch = await self._next(worker)
+                    continue
                 if self._rate_limiter is not None:
                     async with self._rate_limiter.acquire(worker.instance):
                         await self._execute(worker.instance, batch)
@@ -248,14 +289,19 @@ class DynamicScheduler(Scheduler):
                 self.step(trio.current_time())
                 if len(self._queue):
                     self._wakeup.set()
-                try:
-                    batch = worker.receive.receive_nowait()
-                except trio.WouldBlock:
-                    batch = await worker.receive.receive()
+                batch = await self._next(worker)
         finally:
             if worker in self._idle:
                 self._idle.remove(worker)
             worker.done.set()
+
+    @staticmethod
+    async def _next(worker: _Worker) -> list[Any] | None:
+        """The worker's next batch (_FORM, or None to stop): one already sent costs no task switch."""
+        try:
+            return worker.receive.receive_nowait()
+        except trio.WouldBlock:
+            return await worker.receive.receive()
 
     # ---- batching -------------------------------------------------------------------------
 

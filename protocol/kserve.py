@@ -481,6 +481,9 @@ def json_to_array(name: str, datatype: str, shape: tuple[int, ...], count: int, 
             raise invalid_arg(f"invalid shape {_dims_str(shape)} for input '{name}'") from None
     if datatype == "BYTES":
         return _json_to_bytes(name, shape, count, data)
+    if (datatype == "FP32" or datatype == "FP64") and len(data) == count <= _CONVERT_CHUNK and _all_floats(data):
+        # the usual small float input, flat: converted straight to its type (no float64 pass)
+        return np.array(data, dtype=np_dtype).reshape(shape)
 
     try:
         arr = _asarray(data)
@@ -498,6 +501,15 @@ def json_to_array(name: str, datatype: str, shape: tuple[int, ...], count: int, 
     if arr.size != count:
         raise _count_mismatch(name, arr.size, count, shape)
     return _typed(name, datatype, shape, arr, lambda: data)
+
+
+def _all_floats(data: list[Any]) -> bool:
+    """Whether every element of ``data`` is a Python float (what JSON numbers with a fraction
+    or an exponent parse to: no int beyond float's range, no bool, no nesting)."""
+    for x in data:
+        if type(x) is not float:
+            return False
+    return True
 
 
 def _typed(name: str, datatype: str, shape: tuple[int, ...], arr: np.ndarray,

@@ -88,6 +88,68 @@ async def test_greedy_batches_form_while_the_instance_is_busy(autojump_clock):
     assert h.scheduler.queued() == 0
 
 
+async def test_an_idle_instance_forms_the_batch_of_its_round_itself(autojump_clock):
+    """With no queue delay and nothing to time, an idle instance's worker is woken by the first
+    request and forms the batch at its turn: every request queued by the tasks of that round
+    (and of the round its turn falls in) shares it, and the batcher task is not woken."""
+    h = Harness(GREEDY, cost=0.5)
+    go = trio.Event()
+
+    async def client(tags: str, checkpoints: int = 0) -> None:
+        await go.wait()
+        for _ in range(checkpoints):
+            await trio.lowlevel.checkpoint()
+        for t in tags:
+            h.scheduler.enqueue(item(t))
+
+    async with trio.open_nursery() as nursery:
+        h.start(nursery)
+        for tags in ("a", "b", "c"):
+            nursery.start_soon(client, tags)
+        nursery.start_soon(client, "d", 1)  # one round later
+        await trio.sleep(0.01)
+        woken = h.scheduler._wakeup
+        go.set()
+        await trio.sleep(0.01)
+        assert not woken.is_set()  # no hop through the batcher task
+        assert sorted(h.batches()[0]) == ["a", "b", "c", "d"]
+        for t in "efghij":  # while the instance is busy: queued, taken when it is done
+            h.scheduler.enqueue(item(t))
+        await trio.sleep(2)
+        nursery.cancel_scope.cancel()
+    assert h.batches()[1:] == [["e", "f", "g", "h"], ["i", "j"]]
+
+
+async def test_a_request_with_a_queue_timeout_is_watched_by_the_batcher(autojump_clock):
+    policy = QueuePolicy(default_timeout_us=50_000, allow_timeout_override=True)
+    h = Harness(GREEDY, Priorities(default_policy=policy), cost=1.0)
+    async with trio.open_nursery() as nursery:
+        h.start(nursery)
+        await trio.sleep(0.01)
+        h.scheduler.enqueue(item("a"))  # has a deadline: the batcher is woken, and runs it
+        assert h.scheduler._wakeup.is_set()
+        await trio.sleep(0.01)
+        h.scheduler.enqueue(item("b", timeout=10_000))
+        await trio.sleep(2)
+        nursery.cancel_scope.cancel()
+    assert h.batches() == [["a"]]
+    assert [(t, m) for t, m, _ in h.rejected] == [("b", "Request timeout expired")]
+
+
+async def test_a_worker_retired_while_woken_to_form_a_batch_leaves_it_to_another(autojump_clock):
+    h = Harness(GREEDY, cost=0.5)
+    async with trio.open_nursery() as nursery:
+        h.start(nursery, instances=("i0", "i1"))
+        await trio.sleep(0.01)
+        h.scheduler.enqueue(item("a"))  # wakes i0 to form the batch
+        h.scheduler.enqueue(item("b"))
+        await h.scheduler.remove_instance("i0")  # before i0's turn
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert h.executed and [(inst, tags) for inst, tags, _ in h.executed] == [("i1", ["a", "b"])]
+    assert h.scheduler.instances() == ["i1"]
+
+
 async def test_batching_off_runs_each_request_alone(autojump_clock):
     h = Harness(BatchRules())
     async with trio.open_nursery() as nursery:

@@ -467,6 +467,39 @@ def test_ragged_nested_json_is_flattened_like_triton() -> None:
     np.testing.assert_array_equal(got, np.array([[1, 2], [3, 4]], dtype=np.float32))
 
 
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        [0.1, -2.5, 1e-40, 3.4e38, 1e300, -0.0],  # flat floats: the direct conversion
+        [0.1, 2, -3.5, 4, 5.25, 6],  # ints among them: numpy's reading, then the cast
+        [[0.1, 2.5, 3.5], [4.5, 5.5, 6.5]],  # nested
+        [1, 2, 3, 4, 5, 6],  # ints only
+        [True, 2.5, 3.5, 4.5, 5.5, 6.5],  # a bool among floats: a number, as before
+    ],
+)
+def test_json_float_inputs_convert_as_a_float64_reading_cast(datatype: str, data: list[Any]) -> None:
+    doc = {"inputs": [{"name": "X", "shape": [2, 3], "datatype": datatype, "data": data}]}
+    with np.errstate(over="ignore"):  # 1e300 is inf in FP32, either way
+        got = decode(json.dumps(doc).encode(), None).inputs[0].data
+        want = np.asarray(data, dtype=np.float64).astype(datatypes.numpy_dtype(datatype)).reshape(2, 3)
+    assert got.dtype == want.dtype and got.shape == (2, 3)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        ([0.5, 1.5, "2.5", 3.5], "expected numbers"),  # a string past the first element
+        ([0.5, 1.5, None, 3.5], "expected numbers"),
+        ([0.5, 1.5, 2.5], "data"),  # one short of the shape
+        ([0.5, 1.5, 2.5, 3.5, 4.5], "data"),  # one too many
+    ],
+)
+def test_json_float_inputs_still_checked(data: list[Any], fragment: str) -> None:
+    assert_invalid(_with(data=data, datatype="FP32", shape=[4]), None, fragment)
+
+
 # ---- requests: hypothesis round trip ----------------------------------------------------------
 
 _shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4)
