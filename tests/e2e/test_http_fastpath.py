@@ -383,6 +383,32 @@ def test_a_request_pipelined_behind_a_queued_one_is_answered_after_it(fast, tmp_
         assert status == 200 and json.loads(body)["outputs"][0]["data"] == [0.4]
 
 
+def test_a_queued_request_answered_later_keeps_its_binary_output_and_http_version(fast, tmp_path):
+    """A queued request is answered by the task that runs its batch, not its connection's:
+    the answer still has the binary output it asked for, and an HTTP/1.0 keep-alive request's
+    answer says keep-alive; its connection serves the next request after it."""
+    running = tmp_path / "running"
+    with socket.create_connection(("127.0.0.1", fast.http_port), timeout=60) as first, \
+            socket.create_connection(("127.0.0.1", fast.http_port), timeout=60) as second:
+        first.sendall(post(b"/v2/models/slow/infer", x_json(0.4, marker=str(running))))
+        wait_for(running)
+        queued = post(b"/v2/models/slow/infer", x_json(0.25, binary_data_output=True), b"Connection: keep-alive")
+        second.sendall(queued.replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+        wait_until(lambda: pending(fast, "slow") == 1)
+        reader = Reader(second)
+        status, headers, body = reader.response()
+        assert status == 200 and headers[b"connection"] == b"keep-alive"
+        length = int(headers[b"inference-header-content-length"])
+        output = json.loads(body[:length])["outputs"][0]
+        assert output["parameters"]["binary_data_size"] == 4
+        assert np.frombuffer(body[length:], dtype=np.float32).tolist() == [0.25]
+        second.sendall(post(b"/v2/models/add_sub/infer", add_sub_json(id="next")).replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+        status, _, body = reader.response()
+        assert status == 200 and json.loads(body)["id"] == "next"
+        status, _, body = Reader(first).response()
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [0.4]
+
+
 def test_a_large_answer_to_a_queued_request_goes_out_whole_before_the_next(fast, tmp_path):
     running = tmp_path / "big-running"
     with socket.create_connection(("127.0.0.1", fast.http_port), timeout=60) as first, \

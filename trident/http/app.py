@@ -35,7 +35,7 @@ from trident.config import config_to_json
 from trident.errors import HTTP_NOT_READY, invalid_arg, unsupported
 from trident.http import generate
 from trident.http.asgi import ASGIApp, Receive, Scope, Send
-from trident.http.infer import JSON, Disconnected, HTTPError, InferEndpoint, error_reply, too_large
+from trident.http.infer import JSON, Disconnected, HTTPError, InferEndpoint, Later, error_reply, too_large
 from trident.openai.app import PREFIX as OPENAI_PREFIX
 from trident.openai.app import make_openai_app
 from trident.protocol import kserve
@@ -225,7 +225,9 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
         async def run(request: InferenceRequest, heavy: bool) -> InferenceResponse | None:
             return await _infer_watching(server, request, receive)
 
-        status, headers, parts = await endpoint.handle(scope["headers"], read_body, run, name, version)
+        reply = await endpoint.handle(scope["headers"], read_body, run, name, version)
+        assert not isinstance(reply, Later)  # this run never answers later
+        status, headers, parts = reply
         await _send_parts(send, status, headers, parts)
 
     async def model_route(

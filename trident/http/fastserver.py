@@ -60,7 +60,7 @@ import trio
 from trident.batching import rounds
 from trident.http.app import make_app
 from trident.http.asgi import ASGIApp, Message
-from trident.http.infer import JSON, Disconnected, HTTPError, InferEndpoint, too_large
+from trident.http.infer import JSON, LATER, Disconnected, HTTPError, InferEndpoint, Later, too_large
 from trident.listening import TcpListener, open_tcp_listeners, serve_listener
 from trident.protocol import kserve
 from trident.protocol.http1 import (
@@ -165,7 +165,7 @@ class _Connection:
     __slots__ = ("state", "stream", "fd", "parser", "cancel_scope", "idle", "served", "reaper_mark", "client",
                  "sockname", "eof", "broken", "linger", "head_deadline", "watcher", "yielded", "streak", "moved", "sent_continue",
                  "protocol_error", "busy", "seen", "park", "watching", "request_scope", "drained", "answer",
-                 "tasks", "deferred", "stuck")
+                 "tasks", "deferred", "stuck", "later_ok", "pending", "later", "settled", "at_head")
 
     def __init__(self, state: _State, stream: trio.SocketStream) -> None:
         self.state = state
@@ -202,6 +202,16 @@ class _Connection:
         self.stuck: trio.Event | None = None
         self.tasks: trio.Nursery | None = None  # the connection's nursery (the watcher, a stuck write)
         self.answer = Answer()  # how a queued request's response comes back (one request at a time)
+        # a queued request answered by the task that delivers its response (see _answered): the
+        # connection's task reads on meanwhile. ``later_ok`` while a request may take that path,
+        # ``pending`` its completion and ``later`` how to encode it (with the HTTP version)
+        # until it is answered, ``settled`` set then for a task that waits for it (_settle);
+        # ``at_head`` while the task waits for the next request's head
+        self.later_ok = False
+        self.pending: Completion | None = None
+        self.later: tuple[Later, str] | None = None
+        self.settled: trio.Event | None = None
+        self.at_head = False
         try:
             self.client: tuple[str, int] | None = tuple(stream.socket.getpeername()[:2])  # type: ignore[assignment]
             self.sockname: tuple[str, int] | None = tuple(stream.socket.getsockname()[:2])  # type: ignore[assignment]
@@ -217,11 +227,16 @@ class _Connection:
                     async with trio.open_nursery() as nursery:
                         self.tasks = nursery
                         await self._serve()
+                        if self.pending is not None and not (self.eof or self.broken):
+                            await self._settle()  # shutting down: the queued request is answered first
                         if self.deferred is not None or self.stuck is not None:
                             await self.writev([])  # what waits for the flusher goes out before the close
                         nursery.cancel_scope.cancel()  # the watcher
                 finally:
                     self.tasks = None
+                    if self.pending is not None:  # the client went away (or the server gave up)
+                        pending, self.pending, self.later = self.pending, None, None
+                        pending.cancel()
         finally:
             state.connections.discard(self)
             try:
@@ -239,7 +254,8 @@ class _Connection:
                 if head is None:
                     if state.shutting_down:
                         return
-                    self.idle = True
+                    self.idle = self.pending is None  # else its answer marks it idle (_answered)
+                    self.at_head = True
                     if self.head_deadline == _NEVER:
                         if parser.buffered:  # the next head has started: the clock runs
                             self.head_deadline = trio.current_time() + state.header_timeout
@@ -253,11 +269,16 @@ class _Connection:
                             if parser.buffered:  # a partial head: answer 408
                                 raise ProtocolError(HTTPStatus.REQUEST_TIMEOUT, "request head timeout")
                             return  # nothing sent: close quietly, like an idle keep-alive connection
-                    self.idle = False
-                    if not data or self.cancel_scope.cancel_called:
+                    self.idle = self.at_head = False
+                    if not data:
+                        self.eof = True
+                        return
+                    if self.cancel_scope.cancel_called:
                         return
                     parser.feed(data)
                     continue
+                if self.pending is not None:  # a pipelined request: its answer goes out after the queued one's
+                    await self._settle()
                 self.head_deadline = _NEVER
                 if self.yielded:
                     self.yielded = False
@@ -370,7 +391,8 @@ class _Connection:
         try:
             await self._write_rest(parts)
         finally:
-            self.stuck = None
+            if self.stuck is stuck:
+                self.stuck = None
             stuck.set()
 
     def _write_now(self, parts: list[Any], size: int) -> bool:
@@ -449,11 +471,25 @@ class _Connection:
                 got = self.parser.next_body(length)
                 assert got is not None and got[1]  # a Content-Length body, all of it buffered
                 body = got[0]
+                # nothing else waits in the parser: a queued request may be answered later
+                self.later_ok = head.keep_alive and not self.parser.buffered and not self.state.shutting_down
             else:
                 async def body() -> bytes | bytearray:
                     return await self._wait_body(head, endpoint.limit)
 
-            status, headers, parts = await endpoint.handle(head.headers, body, self._run, name, version)
+            try:
+                reply = await endpoint.handle(head.headers, body, self._run, name, version)
+            finally:
+                self.later_ok = False
+            if isinstance(reply, Later):
+                self.later = (reply, head.http_version)
+                self.parser.start_next()
+                self.served += 1
+                if self.answer.response is not None:  # answered already, before it was set up
+                    response, self.answer.response = self.answer.response, None
+                    self._answered(response)
+                return not self.state.shutting_down
+            status, headers, parts = reply
         except HTTPError as exc:
             status, headers, parts = exc.status, [JSON], [kserve.error_body(exc.message)]
         except Disconnected:
@@ -549,8 +585,7 @@ class _Connection:
         self.protocol_error = ProtocolError(HTTPStatus.REQUEST_TIMEOUT, "request body timeout")
         raise Disconnected
 
-    def _run(self, request: InferenceRequest, heavy: bool,
-             ) -> InferenceResponse | Awaitable[InferenceResponse | None]:
+    def _run(self, request: InferenceRequest, heavy: bool) -> Any:
         """``server.infer(request)``: its response when it ran here and now (Server.infer_now:
         nothing to watch), else an awaitable of it, awaited while the connection's watcher looks
         for a disconnect.
@@ -559,13 +594,18 @@ class _Connection:
         the server too) and the connection closes. That costs no task, cancel scope or deadline
         per request (see :meth:`_watch`). A ``heavy`` request (decoded in a worker thread) has a
         scope of its own instead, so that its awaitable returns None and the caller can free the
-        request off the loop. Raises (here or from the awaitable) what ``server.infer`` raises.
+        request off the loop. A request that waits in a queue, when ``later_ok``, returns LATER
+        instead: the task that delivers its response answers it (:meth:`_answered`). Raises
+        (here or from the awaitable) what ``server.infer`` raises.
         """
         if heavy:
             return self._run_heavy(request)
-        result = self.state.endpoint.server.infer_now(request, on_done=self.answer.done)  # type: ignore[union-attr]
+        result = self.state.endpoint.server.infer_now(request, on_done=self._on_done)  # type: ignore[union-attr]
         if isinstance(result, InferenceResponse):  # it ran here and now: nothing to watch
             return result
+        if self.later_ok and isinstance(result, Completion):  # queued: answered later, without this task
+            self.pending = result
+            return LATER
         return self._finish(result)
 
     async def _run_heavy(self, request: InferenceRequest) -> InferenceResponse | None:
@@ -596,6 +636,97 @@ class _Connection:
             self.busy += 1
             if self.watching is not None:
                 self.watching.cancel()  # stops its socket wait at once: the socket is ours again
+
+    def _on_done(self, response: InferenceResponse) -> None:
+        """A queued request's final response (Completion's callback, in the delivering task)."""
+        if self.later is not None:
+            self._answered(response)
+        else:
+            self.answer.done(response)
+
+    def _answered(self, response: InferenceResponse) -> None:
+        """Answer the queued request that ``_infer`` left for later, here in the task that
+        delivers its response: encoded now and kept for the end of the round (or written now)
+        when small; a large one (or one behind a write still in progress) is encoded and
+        written by a task of the connection's, and the connection's next write waits for it.
+        Never raises."""
+        assert self.later is not None
+        later, http_version = self.later
+        self.later = self.pending = None
+        try:
+            tasks = self.tasks
+            if self.broken or tasks is None:  # the connection is going away: nobody to answer
+                return
+            keep_alive = not self.state.shutting_down
+            if self.stuck is None and later.small(response):
+                status, headers, parts = later.reply(response)
+                del response
+                total = len(parts[0]) if len(parts) == 1 else sum(len(p) for p in parts)
+                out = [encode_head(status, headers, total, keep_alive, http_version), *parts]
+                if keep_alive and total <= DEFER_BYTES and not self.eof:
+                    # kept for the end of this round even when this task is alone in it: the
+                    # task that delivers a batch answers its other requests in the same step
+                    self.defer(out)
+                else:
+                    if self.deferred is not None:
+                        out[:0] = self.deferred
+                    self.deferred = out
+                    self.flush_deferred()
+            else:
+                previous = self.stuck
+                stuck = self.stuck = trio.Event()
+                tasks.start_soon(self._write_later, later, response, http_version, keep_alive, previous, stuck,
+                                 name="trident.http.write_later")
+            if self.at_head:
+                self.idle = True
+                if not keep_alive and self.stuck is None:  # shutting down: the connection closes now
+                    self.cancel_scope.cancel()
+        except Exception:  # a bug: this connection's answer is lost, not the deliverer's others
+            log.exception("error answering a queued request")
+            self.broken = True
+            self.cancel_scope.cancel()
+        finally:
+            if self.settled is not None:
+                self.settled.set()
+
+    async def _write_later(self, later: Later, response: InferenceResponse, http_version: str, keep_alive: bool,
+                           previous: trio.Event | None, stuck: trio.Event) -> None:
+        """:meth:`_answered` for a large response: encoded (off the loop when large) and written
+        after the write in progress (``previous``), then ``stuck`` is set."""
+        try:
+            if previous is not None:
+                await previous.wait()
+            status, headers, parts = await later.respond(response)
+            del response
+            total = sum(len(p) for p in parts)
+            out = [encode_head(status, headers, total, keep_alive, http_version), *parts]
+            if self.deferred is not None:
+                out[:0] = self.deferred
+                self.deferred = None
+            await self._write_rest(out)
+        finally:
+            if self.stuck is stuck:
+                self.stuck = None
+            stuck.set()
+
+    async def _settle(self) -> None:
+        """Wait until the queued request left for later is answered; the disconnect watcher
+        looks after the socket meanwhile (see :meth:`_watch`: EOF cancels the connection, and
+        :meth:`serve` then cancels the request). Cancellation just stops the wait."""
+        state = self.state
+        self.settled = trio.Event()
+        self.busy += 1
+        if state.ticker_park is not None:
+            state.ticker_park.cancel()
+            state.ticker_park = None
+        try:
+            if self.pending is not None:
+                await self.settled.wait()
+        finally:
+            self.settled = None
+            self.busy += 1
+            if self.watching is not None:
+                self.watching.cancel()
 
     def watch(self) -> None:
         """Start watching the socket for a disconnect while the current request runs (the

@@ -37,6 +37,51 @@ OCTET = (b"content-type", b"application/octet-stream")
 _HEADER_INFO_CACHE = 256  # header tuples whose scan an endpoint keeps
 
 
+LATER: Any = object()  # what ``run`` returns when the transport takes the response later itself (see Later)
+
+
+class Later:
+    """An infer request that waits in a queue, answered later by the transport itself (the
+    task that delivers the response calls back, :meth:`InferEndpoint.handle` returned this):
+    how its response is encoded. Used on the trio thread only."""
+
+    __slots__ = ("endpoint", "requested", "binary_default", "accept_encoding", "shm", "name", "version")
+
+    def __init__(self, endpoint: InferEndpoint, requested: list[Any], binary_default: bool,
+                 accept_encoding: str | None, shm: kserve.ShmOutputLookup | None, name: str, version: str) -> None:
+        self.endpoint = endpoint
+        self.requested = requested
+        self.binary_default = binary_default
+        self.accept_encoding = accept_encoding
+        self.shm = shm
+        self.name = name
+        self.version = version
+
+    def small(self, response: InferenceResponse) -> bool:
+        """Whether :meth:`reply` may encode ``response`` here and now (else :meth:`respond`)."""
+        return not kserve.response_is_large(response, self.requested, self.binary_default,
+                                            self.accept_encoding is not None)
+
+    def reply(self, response: InferenceResponse) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+        """The reply for a small ``response`` (an error response's included); never raises."""
+        try:
+            if response.error is not None:
+                raise response.error
+            return _reply(response, self.requested, self.binary_default, self.accept_encoding, self.shm)
+        except Exception as exc:
+            return self.endpoint.error(exc, self.name, self.version)
+
+    async def respond(self, response: InferenceResponse) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+        """The reply for any ``response``, a large encode in a worker thread; never raises but
+        Cancelled."""
+        try:
+            if response.error is not None:
+                raise response.error
+            return await _respond(response, self.requested, self.binary_default, self.accept_encoding, self.shm)
+        except Exception as exc:
+            return self.endpoint.error(exc, self.name, self.version)
+
+
 class Disconnected(Exception):
     """The client went away before the request was answered (nothing is to be sent)."""
 
@@ -104,7 +149,7 @@ class InferEndpoint:
         raise HTTPError(403, HTTP_MESSAGE.format(restriction.header))
 
     async def handle(self, headers: Headers, read_body: ReadBody | Body, run: RunInfer, name: str,
-                     version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+                     version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts] | Later:
         """Answer one infer request: ``(status, headers, body parts)``, never an exception.
 
         ``read_body`` is the whole body, or a coroutine function that returns it (raising
@@ -115,7 +160,9 @@ class InferEndpoint:
         response at hand passes them as values: the common request then costs no task switch
         and no coroutine of its own. The headers returned lack ``content-length`` (the
         transport adds it). The restricted-API check is the caller's (it precedes the method
-        check). Raises Disconnected when the client went away (the transport sends nothing);
+        check). ``run`` may also return LATER: the request is queued and the transport answers
+        it itself when the response comes; ``handle`` then returns a :class:`Later` that encodes
+        it. Raises Disconnected when the client went away (the transport sends nothing);
         cancellation propagates.
         """
         try:
@@ -143,6 +190,8 @@ class InferEndpoint:
             del body
             output_view = self._prepare(headers, request)
             response = run(request, False)
+            if response is LATER:
+                return Later(self, request.outputs, binary_default, accept_encoding, output_view, name, version)
             if isinstance(response, InferenceResponse) and not kserve.response_is_large(
                     response, request.outputs, binary_default, accept_encoding is not None):
                 return _reply(response, request.outputs, binary_default, accept_encoding, output_view)  # the usual case
@@ -150,9 +199,9 @@ class InferEndpoint:
         except Disconnected:
             raise
         except Exception as exc:
-            return self._error(exc, name, version)
+            return self.error(exc, name, version)
 
-    def _error(self, exc: Exception, name: str, version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+    def error(self, exc: Exception, name: str, version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
         path = f"/v2/models/{name}/versions/{version}/infer" if version else f"/v2/models/{name}/infer"
         status, body = error_reply(exc, "POST", path)
         # a traceback's frames may hold a large decoded request: the caller drops them with exc
