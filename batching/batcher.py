@@ -270,11 +270,7 @@ class DynamicScheduler(Scheduler):
                         break
                     # the round's requests have queued: the batch is formed here, given to
                     # this worker first (and to other idle ones if it overflows)
-                    self._idle.appendleft(worker)
-                    self.step(trio.current_time())
-                    if len(self._queue):
-                        self._wakeup.set()
-                    batch = await self._next(worker)
+                    batch = await self._idle_again(worker, first=True)
                     continue
                 if self._rate_limiter is not None:
                     async with self._rate_limiter.acquire(worker.instance):
@@ -285,19 +281,23 @@ class DynamicScheduler(Scheduler):
                     break
                 # look for the next batch right away, without a round trip through the batcher task
                 # (which needs waking only to watch the delays and timeouts of what stays queued)
-                self._idle.append(worker)
-                self.step(trio.current_time())
-                if len(self._queue):
-                    self._wakeup.set()
-                batch = await self._next(worker)
+                batch = await self._idle_again(worker, first=False)
         finally:
             if worker in self._idle:
                 self._idle.remove(worker)
             worker.done.set()
 
-    @staticmethod
-    async def _next(worker: _Worker) -> list[Any] | None:
-        """The worker's next batch (_FORM, or None to stop): one already sent costs no task switch."""
+    async def _idle_again(self, worker: _Worker, *, first: bool) -> list[Any] | None:
+        """``worker`` is idle again (``first`` in line: it was woken to form a batch) and takes
+        what the queue has for it now, else waits: its next batch, _FORM, or None to stop. A
+        batch handed over here costs no task switch."""
+        if first:
+            self._idle.appendleft(worker)
+        else:
+            self._idle.append(worker)
+        self.step(trio.current_time())
+        if len(self._queue):
+            self._wakeup.set()
         try:
             return worker.receive.receive_nowait()
         except trio.WouldBlock:
