@@ -161,6 +161,13 @@ class _State:
                 conn.cancel_scope.cancel()
 
 
+def _framed(status: int, headers: list[tuple[bytes, bytes]], parts: list[Any], keep_alive: bool,
+            http_version: str) -> tuple[list[Any], int]:
+    """A response as the parts to write, its head first, and its body's length."""
+    total = len(parts[0]) if len(parts) == 1 else sum(len(p) for p in parts)
+    return [encode_head(status, headers, total, keep_alive, http_version), *parts], total
+
+
 class _Connection:
     __slots__ = ("state", "stream", "fd", "parser", "cancel_scope", "idle", "served", "reaper_mark", "client",
                  "sockname", "eof", "broken", "linger", "head_deadline", "watcher", "yielded", "streak", "moved", "sent_continue",
@@ -505,16 +512,14 @@ class _Connection:
             if ((head.expect_continue and not self.sent_continue) or remaining is None
                     or remaining - parser.buffered > DRAIN_LIMIT):
                 keep_alive = False  # the unread body is not worth reading
-        total = len(parts[0]) if len(parts) == 1 else sum(len(p) for p in parts)
-        response_head = encode_head(status, headers, total, keep_alive, head.http_version)
-        out = [response_head, *parts]
+        out, total = _framed(status, headers, parts, keep_alive, head.http_version)
         if (keep_alive and total <= DEFER_BYTES and parser.body_done and self.stuck is None
                 and not (self.eof or self.broken) and self.state.round is not None and self.state.round.shared()):
             self.defer(out)  # written with the other responses of this pass of the loop
             parser.start_next()
             self.served += 1
             return not self.state.shutting_down
-        await self.writev(out, len(response_head) + total)
+        await self.writev(out, len(out[0]) + total)
         if self.eof or self.broken:
             return False
         if not parser.body_done:
@@ -620,11 +625,7 @@ class _Connection:
 
     async def _finish(self, result: Completion | Awaitable[InferenceResponse]) -> InferenceResponse:
         """The response of a request that did not run at once, watched (see :meth:`_run`)."""
-        state = self.state
-        self.busy += 1
-        if state.ticker_park is not None:  # the ticker sleeps (no request was running): wake it
-            state.ticker_park.cancel()
-            state.ticker_park = None
+        self._wait_starts()
         try:
             if isinstance(result, Completion):  # queued: answered through ``answer``
                 response = await self.answer.wait(result)
@@ -633,9 +634,23 @@ class _Connection:
                 return response
             return await result
         finally:
-            self.busy += 1
-            if self.watching is not None:
-                self.watching.cancel()  # stops its socket wait at once: the socket is ours again
+            self._wait_ends()
+
+    def _wait_starts(self) -> None:
+        """The connection's task waits for an answer: the ticker may start the disconnect
+        watcher if the wait runs long (see :meth:`_watch`)."""
+        self.busy += 1
+        state = self.state
+        if state.ticker_park is not None:  # the ticker sleeps (no request was running): wake it
+            state.ticker_park.cancel()
+            state.ticker_park = None
+
+    def _wait_ends(self) -> None:
+        """The wait of :meth:`_wait_starts` is over: a watcher started meanwhile stops its
+        socket wait at once (the socket is the task's again)."""
+        self.busy += 1
+        if self.watching is not None:
+            self.watching.cancel()
 
     def _on_done(self, response: InferenceResponse) -> None:
         """A queued request's final response (Completion's callback, in the delivering task)."""
@@ -661,8 +676,7 @@ class _Connection:
             if self.stuck is None and later.small(response):
                 status, headers, parts = later.reply(response)
                 del response
-                total = len(parts[0]) if len(parts) == 1 else sum(len(p) for p in parts)
-                out = [encode_head(status, headers, total, keep_alive, http_version), *parts]
+                out, total = _framed(status, headers, parts, keep_alive, http_version)
                 if keep_alive and total <= DEFER_BYTES and not self.eof:
                     # kept for the end of this round even when this task is alone in it: the
                     # task that delivers a batch answers its other requests in the same step
@@ -698,8 +712,7 @@ class _Connection:
                 await previous.wait()
             status, headers, parts = await later.respond(response)
             del response
-            total = sum(len(p) for p in parts)
-            out = [encode_head(status, headers, total, keep_alive, http_version), *parts]
+            out, _ = _framed(status, headers, parts, keep_alive, http_version)
             if self.deferred is not None:
                 out[:0] = self.deferred
                 self.deferred = None
@@ -713,20 +726,14 @@ class _Connection:
         """Wait until the queued request left for later is answered; the disconnect watcher
         looks after the socket meanwhile (see :meth:`_watch`: EOF cancels the connection, and
         :meth:`serve` then cancels the request). Cancellation just stops the wait."""
-        state = self.state
         self.settled = trio.Event()
-        self.busy += 1
-        if state.ticker_park is not None:
-            state.ticker_park.cancel()
-            state.ticker_park = None
+        self._wait_starts()
         try:
             if self.pending is not None:
                 await self.settled.wait()
         finally:
             self.settled = None
-            self.busy += 1
-            if self.watching is not None:
-                self.watching.cancel()
+            self._wait_ends()
 
     def watch(self) -> None:
         """Start watching the socket for a disconnect while the current request runs (the
