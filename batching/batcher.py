@@ -126,6 +126,8 @@ class DynamicScheduler(Scheduler):
         self._pending_starts: list[_Worker] = []
         self._forming = False  # a worker is woken to form a batch (see enqueue)
         self._round: rounds.Round | None = None  # this run's rounds, once serving
+        # the loop's clock, read directly once serving (trio.current_time() is three calls deep)
+        self._now: Callable[[], float] = trio.current_time
 
     # ---- front door -----------------------------------------------------------------------
 
@@ -134,7 +136,7 @@ class DynamicScheduler(Scheduler):
 
         Raises TritonError UNAVAILABLE "Exceeds maximum queue size" when its level is full.
         """
-        now = trio.current_time()
+        now = self._now()
         parameters = item.request.parameters
         if parameters:
             level = self.priorities.level_of(request_priority(parameters))
@@ -197,7 +199,7 @@ class DynamicScheduler(Scheduler):
             return
         self._idle.append(worker)
         if len(self._queue):
-            self.step(trio.current_time())
+            self.step(self._now())
             if len(self._queue):
                 self._wakeup.set()
 
@@ -218,6 +220,7 @@ class DynamicScheduler(Scheduler):
         """Batch and execute until cancelled (by the model version's nursery)."""
         self._execute = execute
         self._round = rounds.current()
+        self._now = trio.lowlevel.current_clock().current_time
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for instance in instances:
@@ -295,7 +298,7 @@ class DynamicScheduler(Scheduler):
             self._idle.appendleft(worker)
         else:
             self._idle.append(worker)
-        self.step(trio.current_time())
+        self.step(self._now())
         if len(self._queue):
             self._wakeup.set()
         try:
@@ -308,7 +311,7 @@ class DynamicScheduler(Scheduler):
     async def _serve_batches(self) -> None:
         while True:
             self._wakeup = trio.Event()
-            wake_at = self.step(trio.current_time())
+            wake_at = self.step(self._now())
             with trio.move_on_at(wake_at):
                 await self._wakeup.wait()
 

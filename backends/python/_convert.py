@@ -45,7 +45,7 @@ def to_tensor(t: pb_utils.Tensor) -> Tensor:
     datatype = t._datatype
     if datatype == "BYTES":
         array = bytes_array(array)
-    return Tensor(t.name(), datatype, array.shape, array)  # numpy shapes are tuples of ints
+    return Tensor(t._name, datatype, array.shape, array)  # numpy shapes are tuples of ints
 
 
 def to_pb_tensor(t: Tensor) -> pb_utils.Tensor:
@@ -76,6 +76,8 @@ def request_view(request: InferenceRequest) -> tuple[int | str, int, int, str]:
 
 def wrap_request(request: InferenceRequest, all_outputs: list[str]) -> pb_utils.InferenceRequest:
     """The ``pb_utils.InferenceRequest`` a model's ``execute`` receives for ``request``."""
+    if not request.parameters and not request.outputs:  # the usual request: nothing to read
+        return pb_utils.InferenceRequest._wrap(request, list(all_outputs), 0, 0, 0, "{}")
     correlation_id, flags, timeout, custom_json = request_view(request)
     requested = [o.name for o in request.outputs] if request.outputs else list(all_outputs)
     return pb_utils.InferenceRequest._wrap(request, requested, correlation_id, flags, timeout, custom_json)
@@ -86,11 +88,11 @@ def to_response(response: pb_utils.InferenceResponse, failure: str = "") -> Infe
 
     ``failure`` prefixes a conversion error's message.
     """
-    error = response.error()
+    error = response._error
     if error is not None:
         return InferenceResponse(error=TritonError(Code[error.code().name], error.message()))
     try:
-        outputs = [to_tensor(t) for t in response.output_tensors()]
+        outputs = [to_tensor(t) for t in response._outputs]
     except Exception as e:
         return InferenceResponse(error=internal(f"{failure}cannot convert outputs: {type(e).__name__}: {e}"))
     params: dict[str, ParamValue] = response._param_dict

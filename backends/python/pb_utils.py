@@ -220,6 +220,7 @@ class InferenceTrace:
 
 _CPU_MEMORY = PreferredMemory(TRITONSERVER_MEMORY_CPU)  # what a wrapped request records (never changed)
 _NO_TRACE = InferenceTrace()
+_NO_PARAMETERS: dict[str, Any] = {}  # the parameters of a response made without any (never written to)
 
 
 class InferenceResponseSender:
@@ -495,9 +496,9 @@ class InferenceResponse:
         parameters: dict[str, Any] | None = None,
     ) -> None:
         """Raises TritonModelException for outputs that are not Tensors or a bad error/parameter."""
-        outputs = list(output_tensors or ())
+        outputs = list(output_tensors) if output_tensors else []
         for t in outputs:
-            if not isinstance(t, Tensor):
+            if type(t) is not Tensor and not isinstance(t, Tensor):
                 raise TritonModelException(
                     f"InferenceResponse output_tensors must be pb_utils.Tensor objects, got {type(t).__name__}"
                 )
@@ -505,8 +506,12 @@ class InferenceResponse:
             raise TritonModelException("InferenceResponse error must be a pb_utils.TritonError")
         self._outputs = outputs
         self._error = error
-        self._parameters = _params_json(parameters, "response")
-        self._param_dict = dict(parameters or {})
+        if parameters:
+            self._parameters = _params_json(parameters, "response")
+            self._param_dict = dict(parameters)
+        else:  # the usual response: no parameters (none to check or copy)
+            self._parameters = "{}"
+            self._param_dict = _NO_PARAMETERS
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs
@@ -527,14 +532,14 @@ class InferenceResponse:
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
     for t in inference_request.inputs():
-        if t.name() == name:
+        if t._name == name:  # inputs are Tensors (checked when the request was made)
             return t
     return None
 
 
 def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
     for t in inference_response.output_tensors():
-        if t.name() == name:
+        if t._name == name:  # outputs are Tensors (checked when the response was made)
             return t
     return None
 

@@ -507,7 +507,9 @@ class Connection:
         self._broken = False
         self._drained = False  # the last read emptied the socket: the next one waits first
         self._receive_size = _RECEIVE_SIZE  # the next read's size (grows while reads come back full)
-        now = trio.current_time()
+        # the loop's clock, read directly (trio.current_time() is three calls deep): once per read
+        self._now: Callable[[], float] = trio.lowlevel.current_clock().current_time
+        now = self._now()
         self.guard = FrameGuard(config.guard, now, max_frame_size=config.max_frame_size)
         self._pings = PingPolicy(config.min_recv_ping_interval, config.max_ping_strikes,
                                  config.keepalive_permit_without_calls)
@@ -593,7 +595,7 @@ class Connection:
                 return
             if not data:
                 return
-            now = self._last_received = trio.current_time()
+            now = self._last_received = self._now()
             cuts = guard.feed(data, now)
             if guard.abuse is not None:
                 await self._calm(guard.abuse)
@@ -758,7 +760,7 @@ class Connection:
             budget.peak = budget.buffered
 
     def _message_started(self, call: Call) -> None:
-        now = call.partial_since = trio.current_time()
+        now = call.partial_since = self._now()
         if self.config.message_timeout:
             self._arm(now + self.config.message_timeout)
 
@@ -1102,7 +1104,7 @@ class Connection:
         self.calls.pop(call.stream_id, None)
         call._release()
         if not self.calls:
-            self._idle_since = now = trio.current_time()
+            self._idle_since = now = self._now()
             if self.config.idle_timeout:
                 self._arm(now + self.config.idle_timeout)
         self._maybe_close()

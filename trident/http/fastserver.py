@@ -158,7 +158,7 @@ class _State:
     def close_idle(self) -> None:
         for conn in self.connections:
             if conn.idle:
-                conn.cancel_scope.cancel()
+                conn.stop()
 
 
 def _framed(status: int, headers: list[tuple[bytes, bytes]], parts: list[Any], keep_alive: bool,
@@ -172,14 +172,15 @@ class _Connection:
     __slots__ = ("state", "stream", "fd", "parser", "cancel_scope", "idle", "served", "reaper_mark", "client",
                  "sockname", "eof", "broken", "linger", "head_deadline", "watcher", "yielded", "streak", "moved", "sent_continue",
                  "protocol_error", "busy", "seen", "park", "watching", "request_scope", "drained", "answer",
-                 "tasks", "deferred", "stuck", "later_ok", "pending", "later", "settled", "at_head")
+                 "tasks", "deferred", "stuck", "later_ok", "pending", "later", "settled", "at_head", "stopped")
 
     def __init__(self, state: _State, stream: trio.SocketStream) -> None:
         self.state = state
         self.stream = stream
         self.fd = stream.socket.fileno()
         self.parser = RequestParser(state.max_head_size)
-        self.cancel_scope = trio.CancelScope()
+        self.cancel_scope = trio.CancelScope()  # cancelled by stop() only (it has no deadline)
+        self.stopped = False  # stop() was called: what cancel_scope.cancel_called says, without a clock read
         self.idle = False  # waiting for a request head: shutdown and the reaper may close it
         self.served = 0
         self.reaper_mark = -1
@@ -251,6 +252,12 @@ class _Connection:
             finally:
                 state.slots.release()
 
+    def stop(self) -> None:
+        """Close the connection: its scope is cancelled (the task ends at its next checkpoint,
+        the queued request it holds, if any, is cancelled). Idempotent."""
+        self.stopped = True
+        self.cancel_scope.cancel()
+
     async def _serve(self) -> None:
         parser = self.parser
         state = self.state
@@ -272,7 +279,7 @@ class _Connection:
                         data = None
                         with trio.move_on_at(self.head_deadline):
                             data = await self._recv(RECEIVE_SIZE)
-                        if data is None and not self.cancel_scope.cancel_called:
+                        if data is None and not self.stopped:
                             if parser.buffered:  # a partial head: answer 408
                                 raise ProtocolError(HTTPStatus.REQUEST_TIMEOUT, "request head timeout")
                             return  # nothing sent: close quietly, like an idle keep-alive connection
@@ -280,7 +287,7 @@ class _Connection:
                     if not data:
                         self.eof = True
                         return
-                    if self.cancel_scope.cancel_called:
+                    if self.stopped:
                         return
                     parser.feed(data)
                     continue
@@ -694,11 +701,11 @@ class _Connection:
             if self.at_head:
                 self.idle = True
                 if not keep_alive and self.stuck is None:  # shutting down: the connection closes now
-                    self.cancel_scope.cancel()
+                    self.stop()
         except Exception:  # a bug: this connection's answer is lost, not the deliverer's others
             log.exception("error answering a queued request")
             self.broken = True
-            self.cancel_scope.cancel()
+            self.stop()
         finally:
             if self.settled is not None:
                 self.settled.set()
@@ -778,7 +785,10 @@ class _Connection:
                                 else:
                                     self.eof = True
                                 # the request and the connection (a heavy request: its own scope)
-                                (self.request_scope or self.cancel_scope).cancel()
+                                if self.request_scope is not None:
+                                    self.request_scope.cancel()
+                                else:
+                                    self.stop()
                                 break
                             self.parser.feed(data)
                     finally:
@@ -1080,7 +1090,7 @@ async def _reap_idle(state: _State) -> None:
         await trio.sleep(state.keep_alive_timeout)
         for conn in list(state.connections):
             if conn.idle and conn.reaper_mark == conn.served:
-                conn.cancel_scope.cancel()
+                conn.stop()
             conn.reaper_mark = conn.served
 
 
