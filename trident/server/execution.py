@@ -574,6 +574,7 @@ class BatchExecutor:
         self.inline_mode = inline_mode
         self._threads: dict[int, InstanceThread] = {}
         self._choices: dict[int, InlineChoice] = {}
+        self._bf16: bool | None = None  # whether an output is BF16 (known at the first response)
         _EXECUTORS.add(self)
 
     def abandon(self) -> int:
@@ -753,4 +754,10 @@ class BatchExecutor:
         response.id = request.id
         if response.error is not None:
             return response
+        if not request.outputs:  # every output, as produced: only BF16 ones need a look
+            bf16 = self._bf16
+            if bf16 is None:
+                bf16 = self._bf16 = any(spec.datatype == "BF16" for spec in model.outputs.values())
+            if not bf16:
+                return response
         return finish_outputs(response, request, model.outputs, model.name, model.max_batch_size > 0)
