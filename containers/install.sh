@@ -5,7 +5,9 @@
 #
 #   install.sh venv SRC [EXTRAS]   build stage: /opt/trident/venv with trident from the source tree
 #                                  SRC and the comma-separated EXTRAS, versions pinned by
-#                                  SRC/containers/constraints.txt; the image's health check
+#                                  SRC/containers/constraints.txt, its protocol modules compiled
+#                                  (python -m trident.native build; NATIVE=0: left pure Python);
+#                                  the image's health check
 #   install.sh runtime             final stage, after /opt/trident is copied in: the non-root user
 #                                  trident (uid/gid 10001), /models holding the bundled example
 #                                  repository (the default; mount a repository over it), and
@@ -29,6 +31,25 @@ venv)
     export PIP_CONSTRAINT="$src/containers/constraints.txt" PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
     "$VENV/bin/pip" install --quiet --no-compile "pip==$(sed -n 's/^pip==//p' "$PIP_CONSTRAINT")"
     "$VENV/bin/pip" install --quiet --no-compile "$src${extras:+[$extras]}"
+    if [ "${NATIVE:-1}" != 0 ]; then
+        # the compiled protocol modules (mypyc): a C compiler and Python's headers for this stage
+        # only (the final stage copies /opt/trident, not them); mypy compiles, then goes; the
+        # modules' runtime library (librt) stays
+        include=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+        packages=""
+        command -v cc >/dev/null 2>&1 || packages="gcc libc6-dev"
+        [ -f "$include/Python.h" ] || packages="$packages python3-dev"
+        if [ -n "$packages" ]; then
+            apt-get update -qq
+            # shellcheck disable=SC2086  # a list of package names
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages >/dev/null
+        fi
+        "$VENV/bin/pip" install --quiet --no-compile mypy  # the native extra (setuptools is here)
+        # from / : the installed trident, not the source tree in the working directory
+        (cd / && "$VENV/bin/python" -m trident.native build)
+        (cd / && "$VENV/bin/python" -m trident.native status) | grep -q "9 of 9 modules compiled"
+        "$VENV/bin/pip" uninstall --quiet --yes mypy
+    fi
     # setuptools was only the build's (pip keeps: derived images install more extras with it)
     "$VENV/bin/pip" uninstall --quiet --yes setuptools
     { echo "#!$VENV/bin/python"; cat "$src/containers/healthcheck.py"; } > "$VENV/bin/trident-healthcheck"

@@ -45,6 +45,9 @@ def test_gpu_extras_installed_and_the_server_serves(gpu_image: dict) -> None:
         probe = c.exec("python", "-c", "import pynvml; print(pynvml.__name__)")
         assert probe.returncode == 0 and probe.stdout.strip() == "pynvml", probe.stderr
         assert "pynvml is not installed" not in c.logs()
+        # the protocol modules are compiled here too (the same install script)
+        status = c.exec("python", "-m", "trident.native", "status")
+        assert "9 of 9 modules compiled" in status.stdout, status.stdout + status.stderr
         with httpclient.InferenceServerClient(c.url(8000)) as client:
             x = httpclient.InferInput("INPUT0", [2], "FP32")
             x.set_data_from_numpy(np.array([4, 5], np.float32))

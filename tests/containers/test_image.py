@@ -70,6 +70,20 @@ def test_non_root_commands_on_path_and_the_example_repository(example: Container
     print(f"\n{IMAGE}: {rss_kb / 1024:.0f} MiB resident at idle (example repository)")
 
 
+def test_the_protocol_modules_are_compiled_and_their_compiler_is_gone(example: Container) -> None:
+    status = example.exec("python", "-m", "trident.native", "status")
+    assert status.returncode == 0 and "9 of 9 modules compiled" in status.stdout, status.stdout + status.stderr
+    # the server imports the compiled forms (not the .py beside them)
+    loaded = example.exec("python", "-c", "import trident.protocol.kserve as k, trident.protocol.http2 as h; "
+                                          "print(k.__file__); print(h.__file__)")
+    assert loaded.returncode == 0, loaded.stderr
+    assert all(line.endswith(".so") for line in loaded.stdout.split()), loaded.stdout
+    # mypy (the compiler) was removed after the build; the modules' runtime library stays
+    left = example.exec("python", "-c", "import importlib.util as u; print(u.find_spec('mypy') is None, "
+                                        "u.find_spec('librt') is not None)")
+    assert left.stdout.split() == ["True", "True"], left.stdout + left.stderr
+
+
 def test_http_infer_with_tritonclient(example: Container) -> None:
     with httpclient.InferenceServerClient(example.url(8000)) as c:
         assert c.is_server_live() and c.is_server_ready()
