@@ -872,3 +872,39 @@ def test_model_config_rules() -> None:
     with pytest.raises(ValueError, match="other than 'decoupled'"):
         mc.set_model_transaction_policy({"other": 1})
     assert model_config.config_from_json(json.dumps(mc.as_dict())).max_batch_size == 4
+
+
+def test_responses_without_parameters_share_nothing_a_caller_can_change() -> None:
+    from trident.backends.python import _convert
+
+    out = pb_utils.Tensor("OUTPUT0", np.arange(3, dtype=np.float32))
+    plain = [pb_utils.InferenceResponse(output_tensors=[out]) for _ in range(2)]
+    assert [r.parameters() for r in plain] == ["{}", "{}"]
+    first, second = (_convert.to_response(r) for r in plain)
+    first.parameters["added"] = 1  # a later layer writing into one response's parameters
+    assert second.parameters == {} and plain[1]._param_dict == {}
+    assert _convert.to_response(plain[0]).parameters == {}
+    with_params = pb_utils.InferenceResponse(output_tensors=[out], parameters={"k": "v", "n": 2})
+    assert json.loads(with_params.parameters()) == {"k": "v", "n": 2}
+    assert _convert.to_response(with_params).parameters == {"k": "v", "n": 2}
+    with pytest.raises(pb_utils.TritonModelException, match="keys must be str"):
+        pb_utils.InferenceResponse(output_tensors=[out], parameters={"k": [1]})
+    with pytest.raises(pb_utils.TritonModelException, match="pb_utils.Tensor objects"):
+        pb_utils.InferenceResponse(output_tensors=[np.zeros(2)])
+
+
+def test_a_plain_request_is_wrapped_with_every_output_and_no_sequence_fields() -> None:
+    from trident.backends.python import _convert
+
+    tensor = Tensor("INPUT0", "FP32", (1, 2), np.zeros((1, 2), np.float32))
+    plain = _convert.wrap_request(InferenceRequest(model_name="m", inputs=[tensor]), ["A", "B"])
+    assert plain.requested_output_names() == ["A", "B"]
+    assert (plain.correlation_id(), plain.flags(), plain.timeout(), plain.parameters()) == (0, 0, 0, "{}")
+    assert pb_utils.get_input_tensor_by_name(plain, "INPUT0").as_numpy() is tensor.data
+    assert pb_utils.get_input_tensor_by_name(plain, "missing") is None
+    asked = _convert.wrap_request(InferenceRequest(model_name="m", inputs=[tensor], outputs=[RequestedOutput("B")],
+                                                   parameters={"sequence_id": 7, "sequence_start": True, "x": 1}),
+                                  ["A", "B"])
+    assert asked.requested_output_names() == ["B"]
+    assert asked.correlation_id() == 7 and asked.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+    assert json.loads(asked.parameters()) == {"x": 1}
