@@ -76,8 +76,6 @@ def request_view(request: InferenceRequest) -> tuple[int | str, int, int, str]:
 
 def wrap_request(request: InferenceRequest, all_outputs: list[str]) -> pb_utils.InferenceRequest:
     """The ``pb_utils.InferenceRequest`` a model's ``execute`` receives for ``request``."""
-    if not request.parameters and not request.outputs:  # the usual request: nothing to read
-        return pb_utils.InferenceRequest._wrap(request, list(all_outputs), 0, 0, 0, "{}")
     correlation_id, flags, timeout, custom_json = request_view(request)
     requested = [o.name for o in request.outputs] if request.outputs else list(all_outputs)
     return pb_utils.InferenceRequest._wrap(request, requested, correlation_id, flags, timeout, custom_json)

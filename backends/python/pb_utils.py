@@ -498,7 +498,7 @@ class InferenceResponse:
         """Raises TritonModelException for outputs that are not Tensors or a bad error/parameter."""
         outputs = list(output_tensors) if output_tensors else []
         for t in outputs:
-            if type(t) is not Tensor and not isinstance(t, Tensor):
+            if not isinstance(t, Tensor):
                 raise TritonModelException(
                     f"InferenceResponse output_tensors must be pb_utils.Tensor objects, got {type(t).__name__}"
                 )

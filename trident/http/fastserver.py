@@ -356,12 +356,19 @@ class _Connection:
         when the socket takes them; a no-op once broken."""
         if self.stuck is not None:
             await self.stuck.wait()
-        if self.deferred is not None:  # written first, with these
-            parts[:0] = self.deferred
-            self.deferred = None
+        if self._behind_deferred(parts):
             size = -1
         if parts and not self._write_now(parts, size):
             await self._write_rest(parts)
+
+    def _behind_deferred(self, parts: list[Any]) -> bool:
+        """Put what waits for the flusher in front of ``parts``, to be written first, with them
+        (the flusher then finds nothing here); True when there was something."""
+        if self.deferred is None:
+            return False
+        parts[:0] = self.deferred
+        self.deferred = None
+        return True
 
     def defer(self, parts: list[Any]) -> None:
         """Keep ``parts`` (a whole response) for the flusher (see _Flusher). The caller checked
@@ -689,8 +696,7 @@ class _Connection:
                     # task that delivers a batch answers its other requests in the same step
                     self.defer(out)
                 else:
-                    if self.deferred is not None:
-                        out[:0] = self.deferred
+                    self._behind_deferred(out)
                     self.deferred = out
                     self.flush_deferred()
             else:
@@ -720,9 +726,7 @@ class _Connection:
             status, headers, parts = await later.respond(response)
             del response
             out, _ = _framed(status, headers, parts, keep_alive, http_version)
-            if self.deferred is not None:
-                out[:0] = self.deferred
-                self.deferred = None
+            self._behind_deferred(out)
             await self._write_rest(out)
         finally:
             if self.stuck is stuck:
