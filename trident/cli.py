@@ -242,8 +242,11 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     h.add_argument("--grpc-header-forward-pattern", default=d.grpc_header_forward_pattern,
                    help="regex of gRPC metadata keys copied into inference request parameters")
     _ignored(h, "--grpc-infer-allocation-pool-size")
-    _flag(h, "--grpc-use-ssl", d.grpc_use_ssl, "TLS on the gRPC port")
-    _flag(h, "--grpc-use-ssl-mutual", d.grpc_use_ssl_mutual, "TLS with client certificates on the gRPC port")
+    # default None: an explicit --grpc-use-ssl=false contradicts --grpc-use-ssl-mutual=true
+    h.add_argument("--grpc-use-ssl", type=_bool, nargs="?", const=True, default=None, metavar="BOOL",
+                   help="TLS on the gRPC port (default: false)")
+    _flag(h, "--grpc-use-ssl-mutual", d.grpc_use_ssl_mutual,
+          "TLS with client certificates on the gRPC port (turns TLS on, as tritonserver)")
     h.add_argument("--grpc-server-cert", default="", help="server certificate file (PEM)")
     h.add_argument("--grpc-server-key", default="", help="server key file (PEM)")
     h.add_argument("--grpc-root-cert", default="", help="root certificate file for client certificates (PEM)")
@@ -391,8 +394,16 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         raise ValueError("--load-model=* can not be combined with other --load-model values")
     if opts.load_models and opts.model_control_mode != "explicit":
         raise ValueError("--load-model is only allowed with --model-control-mode=explicit")
-    if opts.grpc_use_ssl and not (opts.grpc_server_cert and opts.grpc_server_key):
-        raise ValueError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    # mutual TLS is TLS (tritonserver sets use_ssl for --grpc-use-ssl-mutual); a TLS flag that
+    # would not be honoured stops the start (trident.grpc.serve.check_tls_options)
+    if args.grpc_use_ssl is None:
+        opts.grpc_use_ssl = opts.grpc_use_ssl_mutual
+    elif opts.grpc_use_ssl_mutual and not args.grpc_use_ssl:
+        raise ValueError("--grpc-use-ssl=false contradicts --grpc-use-ssl-mutual=true (mutual TLS is TLS); "
+                         "drop one of them")
+    from trident.grpc.serve import check_tls_options
+
+    opts.ignored_flags.extend(check_tls_options(opts))
     if not opts.metrics_address:
         opts.metrics_address = opts.http_address
     from trident.observability.model_metrics import parse_metrics_config

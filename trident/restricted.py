@@ -59,6 +59,18 @@ class Restrictions:
     def get(self, category: str) -> Restriction | None:
         return self._by_category.get(category)
 
+    def refused(self, category: str, headers: Iterable[tuple[bytes, bytes]]) -> Restriction | None:
+        """The restriction of ``category`` that ``headers`` (HTTP ``(name, value)`` pairs, any
+        case of name) do not satisfy; None when the group is open or the header matches."""
+        restriction = self._by_category.get(category)
+        if restriction is None:
+            return None
+        wanted = restriction.header.encode("latin-1")
+        for key, value in headers:
+            if key.lower() == wanted and restriction.allows(value):
+                return None
+        return restriction
+
     @classmethod
     def parse(cls, specs: Iterable[str], flag: str, header_prefix: str = "") -> Restrictions:
         """Restrictions from flag values ``<api>[,<api>...]:<key>=<value>``.

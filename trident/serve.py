@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import signal
+import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -245,6 +246,20 @@ def _missing_repository(opts: ServerOptions) -> str | None:
     return None
 
 
+def _unusable_tls(opts: ServerOptions) -> str | None:
+    """Why gRPC's TLS settings cannot be used (None when they can, or gRPC is off): a bad
+    combination, or a certificate or key that cannot be loaded."""
+    if not opts.allow_grpc:
+        return None
+    from trident.grpc.serve import ssl_context
+
+    try:
+        ssl_context(opts)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def _warn_open_model_control(opts: ServerOptions) -> None:
     """A note in the log when any client that reaches a public address may load models."""
     if opts.model_control_mode != "explicit":
@@ -263,8 +278,12 @@ async def serve(options: ServerOptions) -> int:
     """Run until SIGINT or SIGTERM; returns the process exit status."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         log_settings = LogSettings.from_options(options)
-        log_settings.install()
-        missing = _missing_repository(options)
+        try:
+            log_settings.install()
+        except OSError as e:  # --log-file cannot be opened: nothing could be logged
+            sys.stderr.write(f"error: cannot open --log-file '{options.log_file}': {e.strerror or e}\n")
+            return 1
+        missing = _missing_repository(options) or _unusable_tls(options)
         if missing is not None:
             log.error("error: creating server: %s", missing)
             return 1

@@ -462,16 +462,32 @@ def test_routes_on_the_http_port(server):
 
 
 def test_restricted_api_covers_v1(tmp_path):
-    """--http-restricted-api: /v1/models is `metadata`, completions are `inference`."""
+    """--http-restricted-api: /v1/models is `metadata`, completions are `inference`, on the HTTP
+    port and on the OpenAI port alike (the OpenAI port once served them to anyone)."""
     from e2e.conftest import start_server
 
-    s = start_server("--http-restricted-api", "inference:key=secret", "--allow-grpc=false", "--allow-metrics=false",
+    s = start_server("--http-restricted-api", "inference:key=secret", "--http-restricted-api", "metadata:meta=m",
+                     "--openai-port", "0", "--allow-grpc=false", "--allow-metrics=false",
                      repo=_build_repo(tmp_path), timeout=120)
     try:
-        url = f"http://{s.http_url}/v1"
-        assert httpx.get(f"{url}/models").status_code == 200
-        assert httpx.post(f"{url}/completions", json={"model": "gen", "prompt": "x"}).status_code == 403
-        ok = httpx.post(f"{url}/completions", json={"model": "gen", "prompt": "one two"}, headers={"key": "secret"})
-        assert ok.json()["choices"][0]["text"] == "two one"
+        openai_port = re.search(r"Started OpenAIFrontend at [\d.]+:(\d+)", s.log()).group(1)
+        for url in (f"http://{s.http_url}/v1", f"http://127.0.0.1:{openai_port}/v1"):
+            for path in ("/models", "/models/gen"):
+                r = httpx.get(url + path)
+                assert r.status_code == 403 and "expecting header 'meta'" in r.text, (url, path, r.text)
+                assert httpx.get(url + path, headers={"meta": "m"}).status_code == 200
+            for path in ("/completions", "/chat/completions"):
+                for headers in ({}, {"key": "wrong"}, {"meta": "m"}):
+                    r = httpx.post(url + path, json={"model": "gen", "prompt": "x"}, headers=headers)
+                    assert r.status_code == 403 and "expecting header 'key'" in r.text, (url, path, headers)
+            ok = httpx.post(f"{url}/completions", json={"model": "gen", "prompt": "one two"},
+                            headers={"key": "secret"})
+            assert ok.json()["choices"][0]["text"] == "two one"
+            with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=30) as c:
+                with pytest.raises(openai.PermissionDeniedError):
+                    c.completions.create(model="gen", prompt="one two")
+            with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=30,
+                               default_headers={"key": "secret"}) as c:
+                assert c.completions.create(model="gen", prompt="one two").choices[0].text == "two one"
     finally:
         s.stop()

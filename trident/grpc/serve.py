@@ -70,27 +70,65 @@ def transport_config(options: ServerOptions) -> TransportConfig:
     )
 
 
-def ssl_context(options: ServerOptions) -> ssl.SSLContext | None:
-    """Server TLS context (ALPN h2) when ``grpc_use_ssl`` is set, else None.
+def uses_tls(options: ServerOptions) -> bool:
+    """Whether gRPC is served over TLS: ``--grpc-use-ssl`` or ``--grpc-use-ssl-mutual`` (mutual
+    TLS is TLS: tritonserver turns TLS on for it too)."""
+    return options.grpc_use_ssl or options.grpc_use_ssl_mutual
 
-    Raises ValueError when the certificate or key is missing, OSError/ssl.SSLError when they
-    cannot be loaded. With ``grpc_use_ssl_mutual`` clients must present a certificate signed by
-    ``grpc_root_cert``.
+
+def check_tls_options(options: ServerOptions) -> list[tuple[str, str, str]]:
+    """Refuse a gRPC TLS setting that would not be honoured; list those that mean nothing.
+
+    Raises ValueError (one line naming the flags) when TLS is asked for without what it needs
+    (a server certificate and key; a root certificate for client certificates), or when
+    certificates are given while gRPC would be served in plain text. Returns ``(flag, value,
+    why)`` for each setting given that is not used (a root certificate without
+    ``--grpc-use-ssl-mutual``: no client certificate is requested), for the start-up log.
+    Nothing is checked when gRPC is off. Reads no file (see :func:`ssl_context`).
     """
-    if not options.grpc_use_ssl:
-        return None
-    cert, key = options.grpc_server_cert, options.grpc_server_key
+    if not options.allow_grpc:
+        return []
+    cert, key, root = options.grpc_server_cert, options.grpc_server_key, options.grpc_root_cert
+    if not uses_tls(options):
+        given = [flag for flag, value in (("--grpc-server-cert", cert), ("--grpc-server-key", key),
+                                          ("--grpc-root-cert", root)) if value]
+        if given:
+            raise ValueError(f"{' and '.join(given)} given but gRPC TLS is off: refusing to serve gRPC in plain text; "
+                             "add --grpc-use-ssl=true (or --grpc-use-ssl-mutual=true), or drop the certificate flags")
+        return []
+    tls_flag = "--grpc-use-ssl-mutual" if options.grpc_use_ssl_mutual else "--grpc-use-ssl"
     if not (cert and key):
-        raise ValueError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+        raise ValueError(f"{tls_flag} needs --grpc-server-cert and --grpc-server-key")
+    if options.grpc_use_ssl_mutual and not root:
+        raise ValueError("--grpc-use-ssl-mutual needs --grpc-root-cert (the CA that signs client certificates)")
+    if root and not options.grpc_use_ssl_mutual:
+        return [("--grpc-root-cert", root, "client certificates are only requested with --grpc-use-ssl-mutual=true")]
+    return []
+
+
+def ssl_context(options: ServerOptions) -> ssl.SSLContext | None:
+    """Server TLS context (ALPN h2) when gRPC TLS is on (:func:`uses_tls`), else None.
+
+    With ``grpc_use_ssl_mutual`` clients must present a certificate signed by
+    ``grpc_root_cert``. Raises ValueError for options :func:`check_tls_options` refuses, and
+    ValueError naming the flag and file when a certificate or key cannot be loaded.
+    """
+    check_tls_options(options)
+    if not uses_tls(options):
+        return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    context.set_alpn_protocols(["h2"])
-    root = options.grpc_root_cert
-    if options.grpc_use_ssl_mutual:
-        if not root:
-            raise ValueError("--grpc-use-ssl-mutual needs --grpc-root-cert")
-        context.load_verify_locations(root)
-        context.verify_mode = ssl.CERT_REQUIRED
+    flag = "--grpc-server-cert"
+    try:
+        context.load_cert_chain(options.grpc_server_cert, options.grpc_server_key)
+        context.set_alpn_protocols(["h2"])
+        if options.grpc_use_ssl_mutual:
+            flag = "--grpc-root-cert"
+            context.load_verify_locations(options.grpc_root_cert)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as e:
+        files = (f"'{options.grpc_root_cert}'" if flag == "--grpc-root-cert" else
+                 f"'{options.grpc_server_cert}' / --grpc-server-key '{options.grpc_server_key}'")
+        raise ValueError(f"gRPC TLS: cannot load {flag} {files}: {e.strerror or e}") from None
     return context
 
 
@@ -184,7 +222,7 @@ async def serve_methods(
             async with trio.open_nursery() as acceptors:
                 for listener in listeners:
                     acceptors.start_soon(_accept_loop, listener, conn_nursery, handle, slots)
-                log.info("gRPC server listening on %s:%d%s", host, bound, " (TLS)" if ssl_context else "")
+                log.info("gRPC server listening on %s:%d%s", host, bound, _tls_note(ssl_context))
                 task_status.started(bound)
         finally:
             draining = True
@@ -194,6 +232,12 @@ async def serve_methods(
             for conn in list(connections):
                 conn.start_drain()
             stop.set()
+
+
+def _tls_note(context: ssl.SSLContext | None) -> str:
+    if context is None:
+        return ""
+    return " (TLS, client certificates required)" if context.verify_mode == ssl.CERT_REQUIRED else " (TLS)"
 
 
 async def _connection_nursery(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:

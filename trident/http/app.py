@@ -37,7 +37,7 @@ from trident.http import generate
 from trident.http.asgi import ASGIApp, Receive, Scope, Send
 from trident.http.infer import JSON, Disconnected, HTTPError, InferEndpoint, Later, error_reply, too_large
 from trident.openai.app import PREFIX as OPENAI_PREFIX
-from trident.openai.app import make_openai_app
+from trident.openai.app import make_openai_app, restricted_category
 from trident.protocol import kserve
 from trident.types import InferenceRequest, InferenceResponse
 
@@ -367,7 +367,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
         method: str = scope["method"]
         if path == OPENAI_PREFIX or path.startswith(OPENAI_PREFIX + "/"):
             if restrictions:
-                check_restricted(scope, "metadata" if path.startswith(OPENAI_PREFIX + "/models") else "inference")
+                check_restricted(scope, restricted_category(path))
             await openai_app(scope, receive, send)
             return
         if path.startswith("/v2/models/"):

@@ -139,14 +139,9 @@ class InferEndpoint:
 
     def check_restricted(self, headers: Headers, category: str) -> None:
         """Raises HTTPError(403) when ``category`` needs a header the request lacks."""
-        restriction = self.restrictions.get(category)
-        if restriction is None:
-            return
-        wanted = restriction.header.encode("latin-1")
-        for key, value in headers:
-            if key.lower() == wanted and restriction.allows(value):
-                return
-        raise HTTPError(403, HTTP_MESSAGE.format(restriction.header))
+        restriction = self.restrictions.refused(category, headers)
+        if restriction is not None:
+            raise HTTPError(403, HTTP_MESSAGE.format(restriction.header))
 
     async def handle(self, headers: Headers, read_body: ReadBody | Body, run: RunInfer, name: str,
                      version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts] | Later:

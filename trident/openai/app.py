@@ -35,6 +35,7 @@ from trident.openai import api
 from trident.openai.template import Assets, load_assets
 from trident.protocol import kserve
 from trident.protocol.generate import flag_only
+from trident.restricted import HTTP_MESSAGE, Restrictions
 from trident.types import InferenceResponse
 
 if TYPE_CHECKING:
@@ -94,11 +95,19 @@ async def _send_json(send: Send, value: Any, status: int = 200) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def restricted_category(path: str) -> str:
+    """The restricted-API group (``--http-restricted-api``) of an OpenAI route: ``metadata``
+    for ``/v1/models...``, ``inference`` for everything else under ``/v1``."""
+    return "metadata" if path.startswith(PREFIX + "/models") else "inference"
+
+
 def make_openai_app(server: Server, *, max_body: int = api.MAX_BODY_BYTES,
-                    max_answer: int = api.MAX_ANSWER_CHARS) -> ASGIApp:
+                    max_answer: int = api.MAX_ANSWER_CHARS, restrictions: Restrictions | None = None) -> ASGIApp:
     """The ASGI application of the OpenAI routes under ``/v1`` for ``server``.
 
     ``max_body`` bounds a request body (bytes), ``max_answer`` an answer (characters).
+    ``restrictions`` (``--http-restricted-api``; the OpenAI port passes the HTTP port's) make
+    a request of a restricted group without its header a 403, before anything is read.
 
     Nothing is read or started until a request arrives; the application holds no task.
     """
@@ -219,6 +228,10 @@ def make_openai_app(server: Server, *, max_body: int = api.MAX_BODY_BYTES,
     async def route(scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
+        if restrictions:
+            refused = restrictions.refused(restricted_category(path), scope["headers"])
+            if refused is not None:
+                raise HTTPError(403, HTTP_MESSAGE.format(refused.header))
         if path == "/v1/models":
             if method != "GET":
                 raise _NOT_ALLOWED

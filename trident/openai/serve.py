@@ -14,6 +14,7 @@ import trio
 
 from trident.http.fastserver import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_CONNECTIONS, serve_asgi
 from trident.openai.app import make_openai_app
+from trident.restricted import http_restrictions
 
 if TYPE_CHECKING:
     from trident.server import Server
@@ -33,11 +34,16 @@ async def serve_openai(
     0). When ``shutdown_trigger`` returns, it stops accepting and finishes in-flight requests
     (up to the server's ``exit_timeout_secs``).
 
+    The HTTP port's ``--http-restricted-api`` groups apply: ``/v1/models`` is ``metadata``, the
+    completions are ``inference``.
+
     Raises OSError when the address cannot be bound. Cancellation closes the listener and
     cancels every in-flight request (each is cancelled in the server too).
     """
     options = server.options
-    await serve_asgi(make_openai_app(server), host=host, port=port, shutdown_trigger=shutdown_trigger,
+    # the HTTP port's restricted groups hold here too (this port serves the same /v1 routes)
+    app = make_openai_app(server, restrictions=http_restrictions(options))
+    await serve_asgi(app, host=host, port=port, shutdown_trigger=shutdown_trigger,
                      graceful_timeout=float(getattr(options, "exit_timeout_secs", 5.0)), task_status=task_status,
                      header_timeout=float(getattr(options, "http_header_timeout_secs", HEADER_TIMEOUT)),
                      body_timeout=float(getattr(options, "http_body_timeout_secs", BODY_TIMEOUT)),
