@@ -260,6 +260,22 @@ def _unusable_tls(opts: ServerOptions) -> str | None:
     return None
 
 
+def _unwritable_trace_file(opts: ServerOptions) -> str | None:
+    """Why ``--trace-config triton,file=PATH`` cannot be written (None when it can, or none is
+    set): traces are written later, so a folder that is missing or read-only is found now."""
+    from trident.observability.tracing import parse_trace_config
+
+    path = parse_trace_config(opts.trace_config)[0].get("trace_file")
+    if not path:
+        return None
+    folder = Path(path).parent
+    if not folder.is_dir():
+        return f"--trace-config triton,file={path}: folder '{folder}' does not exist"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"--trace-config triton,file={path}: folder '{folder}' is not writable"
+    return None
+
+
 def _warn_open_model_control(opts: ServerOptions) -> None:
     """A note in the log when any client that reaches a public address may load models."""
     if opts.model_control_mode != "explicit":
@@ -283,7 +299,7 @@ async def serve(options: ServerOptions) -> int:
         except OSError as e:  # --log-file cannot be opened: nothing could be logged
             sys.stderr.write(f"error: cannot open --log-file '{options.log_file}': {e.strerror or e}\n")
             return 1
-        missing = _missing_repository(options) or _unusable_tls(options)
+        missing = _missing_repository(options) or _unusable_tls(options) or _unwritable_trace_file(options)
         if missing is not None:
             log.error("error: creating server: %s", missing)
             return 1

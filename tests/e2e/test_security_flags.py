@@ -251,6 +251,16 @@ def test_a_log_file_that_cannot_be_opened_stops_the_start(tmp_path):
     assert lines[0].startswith("error: cannot open --log-file") and "No such file or directory" in lines[0]
 
 
+def test_a_trace_file_that_cannot_be_written_stops_the_start(tmp_path):
+    """Traces are written later; a folder that is missing is found at start, not at the first
+    trace (before: one error line per trace, and no traces)."""
+    code, stderr = _start_fails(f"--trace-config=triton,file={tmp_path / 'missing' / 'trace.json'}",
+                                "--trace-config=level=TIMESTAMPS")
+    errors = [line for line in stderr.splitlines() if line.startswith("E")]
+    assert code == 1 and len(errors) == 1, stderr
+    assert "error: creating server: --trace-config triton,file=" in errors[0] and "does not exist" in errors[0]
+
+
 def test_the_log_file_gets_the_log_and_the_console_nothing(tmp_path):
     path = tmp_path / "trident.log"
     proc = subprocess.Popen([sys.executable, "-m", "trident", "serve", "--http-port=0", "--grpc-port=0",
