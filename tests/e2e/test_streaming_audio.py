@@ -1,18 +1,18 @@
 """Streaming audio (issue [17] part 1): Silero VAD from the ``silero-vad`` package, served by the
 onnxruntime backend with the sequence batcher and implicit state, driven by tritonclient's
-bidirectional ModelStreamInfer (one stream and one sequence per audio stream), on speech made
-with espeak-ng mixed with silence.
+bidirectional ModelStreamInfer (one stream and one sequence per audio stream), on real speech
+mixed with silence: two phrases espeak-ng spoke once, committed in data/speech/ (``make.sh``
+there made them), so the run needs no speech synthesizer.
 
 The model folder is written at test time (examples/streaming/vad_model.py wraps Silero's graph so
 its LSTM state and 64-sample context are implicit states). The slot test's model has 2 slots
 (``max_batch_size`` 2, one instance, idle timeout 1 s), so it sees exactly when a stream's slot
-is freed. espeak-ng must be
-installed (``apt-get install espeak-ng``; .ci/run does): without it the clip fixture fails, it
-does not skip.
+is freed.
 """
 
 from __future__ import annotations
 
+import gzip
 import threading
 import time
 from pathlib import Path
@@ -22,7 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from examples.streaming.audio_client import VadStream, chunks, stream_clip
-from examples.streaming.speech import Clip, speech_clip
+from examples.streaming.speech import Clip, mix_speech, wav_samples
 from examples.streaming.vad_model import CHUNK, reference_probs, write_vad_model
 from tests.e2e.conftest import start_server
 
@@ -30,11 +30,14 @@ pytestmark = pytest.mark.usefixtures("grpc_http2")  # once per --grpc-http2 impl
 
 IDLE_S = 1.0
 MARGIN = 4800  # 300 ms around speech edges: Silero's onset/offset lag
+# espeak-ng's WAVs of "Hello there, this is a test." and "Streaming speech detection works."
+SPEECH = [Path(__file__).parent / "data" / "speech" / name
+          for name in ("hello_there.wav.gz", "streaming_speech_detection.wav.gz")]
 
 
 @pytest.fixture(scope="module")
 def clip() -> Clip:
-    return speech_clip(["Hello there, this is a test.", "Streaming speech detection works."], silence_s=0.8)
+    return mix_speech([wav_samples(gzip.decompress(path.read_bytes())) for path in SPEECH], silence_s=0.8)
 
 
 @pytest.fixture(scope="module")
