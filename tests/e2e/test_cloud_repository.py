@@ -1,6 +1,6 @@
 """Model repositories in object storage, end to end against local servers that speak each
 protocol: moto's S3 server (``moto[server]``), the ``gcp-storage-emulator`` for GCS, Azurite
-for Azure Blob (when ``node`` and the azurite package are on the machine). Each is started by
+for Azure Blob (npm; the README's test command installs it into tests/node). Each is started by
 the test on 127.0.0.1 and stopped after; nothing reaches the network."""
 
 from __future__ import annotations
@@ -288,40 +288,50 @@ def test_gcs_repository(server_factory, tmp_path):
         _stop(proc)
 
 
-AZURITE = os.environ.get("TRIDENT_AZURITE", shutil.which("azurite-blob") or "")
+# Azurite's Blob server as the README's test command installs it (`npm ci --prefix tests/node`:
+# tests/node/package-lock.json pins it); TRIDENT_AZURITE names another azurite-blob
+AZURITE = Path(os.environ.get("TRIDENT_AZURITE") or Path(__file__).parents[1] / "node/node_modules/.bin/azurite-blob")
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-@pytest.mark.skipif(not AZURITE or shutil.which("node") is None,
-                    reason="Azurite (npm azurite) is not installed: set TRIDENT_AZURITE to azurite-blob")
-def test_azure_repository(server_factory, tmp_path):
-    """Azure Blob against Azurite (its well-known development account and key)."""
-    pytest.importorskip("adlfs")
+@pytest.fixture
+def azurite_port() -> Iterator[int]:
+    """Azurite's Blob server on a free port of 127.0.0.1, in memory; stopped after the test. Fails
+    (does not skip) when Azurite is not installed."""
+    if not AZURITE.is_file() or shutil.which("node") is None:
+        pytest.fail(f"Azurite is not installed at {AZURITE} (or node is not on PATH): run "
+                    "`npm ci --prefix tests/node` from the repository root (the README's test command does)")
     port = _free_port()
-    proc = subprocess.Popen([AZURITE, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
+    proc = subprocess.Popen([str(AZURITE), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
                              "--skipApiVersionCheck", "--loose"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_port(port, proc)
-        conn = (f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={AZURITE_KEY};"
-                f"BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;")
-        import adlfs
-
-        fs = adlfs.AzureBlobFileSystem(connection_string=conn, skip_instance_cache=True)
-        fs.mkdir("models")
-
-        def put(key: str, data: bytes) -> None:
-            fs.pipe(f"models/repo/{key}", data)
-
-        for key, data in repository_objects(tmp_path).items():
-            put(key, data)
-        url = "as://devstoreaccount1/models/repo"
-        check_store(server_factory, url, {"AZURE_STORAGE_CONNECTION_STRING": conn}, put, tmp_path / "cache")
-        bad = conn.replace(AZURITE_KEY, "d3Jvbmc=")
-        denied = server_factory("--model-control-mode=explicit", repo=url, env={"AZURE_STORAGE_CONNECTION_STRING": bad})
-        r = httpx.post(f"http://{denied.http_url}/v2/repository/models/py_a/load", json={})
-        assert r.status_code == 500 and url in r.json()["error"] and "access denied" in r.json()["error"], r.text
+        yield port
     finally:
         _stop(proc)
+
+
+def test_azure_repository(server_factory, tmp_path, azurite_port: int):
+    """Azure Blob against Azurite (its well-known development account and key)."""
+    port = azurite_port
+    conn = (f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;")
+    import adlfs
+
+    fs = adlfs.AzureBlobFileSystem(connection_string=conn, skip_instance_cache=True)
+    fs.mkdir("models")
+
+    def put(key: str, data: bytes) -> None:
+        fs.pipe(f"models/repo/{key}", data)
+
+    for key, data in repository_objects(tmp_path).items():
+        put(key, data)
+    url = "as://devstoreaccount1/models/repo"
+    check_store(server_factory, url, {"AZURE_STORAGE_CONNECTION_STRING": conn}, put, tmp_path / "cache")
+    bad = conn.replace(AZURITE_KEY, "d3Jvbmc=")
+    denied = server_factory("--model-control-mode=explicit", repo=url, env={"AZURE_STORAGE_CONNECTION_STRING": bad})
+    r = httpx.post(f"http://{denied.http_url}/v2/repository/models/py_a/load", json={})
+    assert r.status_code == 500 and url in r.json()["error"] and "access denied" in r.json()["error"], r.text
 
 
 def test_cloud_urls_parse_as_triton_writes_them():
