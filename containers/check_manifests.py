@@ -7,10 +7,12 @@
    ServiceMonitor select the Deployment's pods, named ports exist, the HPA scales the
    Deployment, the grace period covers preStop + --exit-timeout-secs, the pods run non-root
    with a read-only root file system, GPU variants request nvidia.com/gpu.
-2. KServe's ClusterServingRuntime and InferenceService are checked field by field (unknown
+2. KServe's ClusterServingRuntimes and InferenceServices are checked field by field (unknown
    fields, types, required fields) against the KServe Python SDK's generated models and the
    Kubernetes client's (``pip install --no-deps kserve kubernetes``), read as source text: the
-   SDKs are not imported.
+   SDKs are not imported; and against what KServe does with them: one declared port per runtime
+   whose name matches its protocol (http1: v2 REST on --http-port, h2c: grpc-v2 on --grpc-port),
+   no ports in the InferenceService (KServe merges them in), no autoSelect.
 
 Usage: python containers/check_manifests.py [--render-to DIR]  (exit 1 on a finding; DIR gets
 each variant's rendered YAML, for kubernetes-validate --strict).
@@ -255,21 +257,38 @@ def check_kserve(findings: Findings) -> list[str]:
                 else:
                     services.append(doc)
     for isvc in services:
+        name = isvc["metadata"]["name"]
         model = isvc["spec"]["predictor"]["model"]
         runtime = runtimes.get(model.get("runtime"))
-        findings.check(runtime is not None, f"InferenceService {isvc['metadata']['name']}: no runtime {model.get('runtime')}")
+        findings.check(runtime is not None, f"InferenceService {name}: no runtime {model.get('runtime')}")
+        # KServe merges the predictor's ports into the runtime's (keyed by containerPort) and
+        # exposes one: ports here would make two
+        findings.check("ports" not in model, f"InferenceService {name}: ports belong to the runtime (one port)")
         if runtime:
             formats = {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
-            findings.check(model["modelFormat"]["name"] in formats, "the InferenceService's format is not the runtime's")
-            findings.check(model.get("protocolVersion") in runtime["spec"]["protocolVersions"], "protocol version")
-    for runtime in runtimes.values():
+            findings.check(model["modelFormat"]["name"] in formats, f"InferenceService {name}: format not the runtime's")
+            findings.check(model.get("protocolVersion") in runtime["spec"]["protocolVersions"],
+                           f"InferenceService {name}: protocolVersion not the runtime's")
+    for rname, runtime in runtimes.items():
         (c,) = runtime["spec"]["containers"]
         findings.check(c["name"] == "kserve-container", "KServe expects the container kserve-container")
         findings.check(_flag(c["args"], "--model-store") == "/mnt/models" or _flag(c["args"], "--model-repository") == "/mnt/models",
                        "the runtime must serve /mnt/models (KServe's storage initializer)")
-        findings.check({"v2", "grpc-v2"} <= set(runtime["spec"]["protocolVersions"]), "the runtime serves v2 REST and gRPC")
         findings.check(_flag(c["args"], "--http-port") == "8080" and _flag(c["args"], "--grpc-port") == "9000",
                        "KServe's ports: REST 8080, gRPC 9000")
+        # one exposed port per predictor; its name is the protocol (http1 REST, h2c gRPC)
+        ports = c.get("ports", [])
+        versions = runtime["spec"]["protocolVersions"]
+        findings.check(len(ports) == 1, f"{rname}: KServe exposes one port, the runtime declares {len(ports)}")
+        if len(ports) == 1:
+            expected = {"http1": (["v2"], "--http-port"), "h2c": (["grpc-v2"], "--grpc-port")}.get(ports[0].get("name"))
+            findings.check(expected is not None, f"{rname}: port name {ports[0].get('name')} is neither http1 nor h2c")
+            if expected:
+                findings.check(versions == expected[0], f"{rname}: a {ports[0]['name']} port serves {expected[0]}, not {versions}")
+                findings.check(str(ports[0]["containerPort"]) == _flag(c["args"], expected[1]),
+                               f"{rname}: the declared port is not trident's {expected[1]}")
+        findings.check(not any(f.get("autoSelect") for f in runtime["spec"]["supportedModelFormats"]),
+                       f"{rname}: autoSelect clashes with kserve-tritonserver's priorities (KServe's webhook refuses it)")
     return checked
 
 

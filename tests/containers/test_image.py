@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import yaml
 from e2e.models import SLOW_CONFIG, SLOW_PY, write_model
 from tritonclient.utils import InferenceServerException
 
@@ -264,24 +265,27 @@ def test_sigterm_drains_the_request_in_flight(tmp_path: Path, containers) -> Non
     assert c.wait(60) == 0
 
 
-def _kserve_runtime_args() -> list[str]:
-    """The container args of containers/kubernetes/kserve/clusterservingruntime.yaml (read as
-    text: the list under ``args:``)."""
-    text = (Path(__file__).parents[2] / "containers/kubernetes/kserve/clusterservingruntime.yaml").read_text()
-    block = text.split("\n      args:\n", 1)[1].split("\n      ports:\n", 1)[0]
-    return [line.strip()[2:] for line in block.splitlines() if line.strip().startswith("- ")]
+def _kserve_runtime_container() -> dict:
+    """The container of containers/kubernetes/kserve/clusterservingruntime.yaml (the gRPC twin
+    runs the same args: tests/unit/containers/test_kserve_runtime.py)."""
+    path = Path(__file__).parents[2] / "containers/kubernetes/kserve/clusterservingruntime.yaml"
+    (runtime,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    (container,) = runtime["spec"]["containers"]
+    return container
 
 
 def test_the_kserve_runtime_command_serves_v2_on_kserves_ports(tmp_path: Path, containers) -> None:
     """The ClusterServingRuntime's command as KServe runs it: the repository in /mnt/models (the
     storage initializer's), REST on 8080, gRPC on 9000, a read-only root file system."""
-    args = _kserve_runtime_args()
+    container = _kserve_runtime_container()
+    args = container["args"]
+    env = [f"--env={e['name']}={e['value']}" for e in container["env"]]
     assert args[0] == "tritonserver" and "--model-store=/mnt/models" in args
     repo = tmp_path / "repo"
     shutil.copytree(EXAMPLE_REPOSITORY / "add_sub", repo / "add_sub", ignore=shutil.ignore_patterns("__pycache__"))
     _readable_repo(repo)
     c = containers(*args, ports=(8080, 9000, 8002), ready_port=8080,
-                   options=(*POD_SECURITY, "--env=HOME=/tmp", f"--volume={repo}:/mnt/models:ro"))
+                   options=(*POD_SECURITY, *env, f"--volume={repo}:/mnt/models:ro"))
     a = np.ones((1, 16), np.float32)
     with httpclient.InferenceServerClient(c.url(8080)) as client:
         assert client.is_model_ready("add_sub")
