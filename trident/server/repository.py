@@ -32,6 +32,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -79,6 +80,10 @@ class RemoteModel:
 
 #: where a model's files are: a local folder, or a folder in object storage
 Source: TypeAlias = Path | RemoteModel
+
+#: awaited by a load once its versions are ready, before they serve (see ModelRepository.load):
+#: given the final config and the version numbers, it returns to go on or raises to abandon
+Gate: TypeAlias = Callable[[ModelConfig, list[int]], Awaitable[None]]
 
 
 @dataclass
@@ -262,33 +267,18 @@ class ModelRepository:
 
     async def startup(self) -> None:
         """Load what the control mode says to load at start-up (failures are recorded, not raised)."""
-        await self.refresh_cloud()
-        found = self.scan()
-        for name, path in found.items():
-            self._record(name, path)
-        mode = self.options.model_control_mode
-        if mode == "explicit":
-            wanted = self.options.load_models
-            names = list(found) if wanted == ["*"] else wanted
-        else:
-            names = list(found)
+        phases = await self.startup_plan()
         limiter = trio.CapacityLimiter(max(1, self.options.model_load_thread_count))
 
         async def load_one(name: str) -> None:
             async with limiter:
                 try:
-                    await self._load(name)
-                    self._records[name].explicit = True
+                    await self.load_startup_model(name)
                 except TritonError as e:
-                    log.error("%s", e.message)
+                    _log_unlogged(e)
 
-        ensembles = set()
-        for name in names:
-            where = found.get(name)
-            if where is not None and await self._source_is_ensemble(where):
-                ensembles.add(name)
         # composing models first; then ensembles, which load what they still need themselves
-        for phase in ([n for n in names if n not in ensembles], [n for n in names if n in ensembles]):
+        for phase in phases:
             async with trio.open_nursery() as nursery:
                 for name in phase:
                     nursery.start_soon(load_one, name)
@@ -296,18 +286,8 @@ class ModelRepository:
 
     # ---- load / unload --------------------------------------------------------------------
 
-    async def load(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> None:
-        """The load API (explicit mode only): load or reload ``name``.
-
-        A reload of a loaded model without ``config`` keeps the config (and files) of the last
-        load that had one, as Triton does (an unload forgets it). A model that exists only
-        through the request's files leaves no entry behind when its load fails.
-
-        Raises TritonError: UNSUPPORTED outside explicit mode; INTERNAL "failed to poll from
-        model repository" (Triton's words) for a model in neither the repository nor the
-        request, and for a ``config`` that is not a JSON object; INVALID_ARG for a bad name or
-        file path, or when the load fails (with the reason).
-        """
+    def check_load(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        """What the load API refuses before anything is read (see :meth:`load`). Raises TritonError."""
         if self.options.model_control_mode != "explicit":
             raise unsupported("explicit model load / unload is not allowed if polling is enabled"
                               if self.options.model_control_mode == "poll"
@@ -317,17 +297,67 @@ class ModelRepository:
             raise invalid_arg(f"failed to load '{name}': file overrides need the 'config' parameter")
         if config is not None and not _is_json_object(config):  # Triton's answer to a bad override
             raise internal(f"failed to load '{name}', failed to poll from model repository")
+
+    def check_unload(self, name: str) -> None:
+        """What the unload API refuses before anything is done (see :meth:`unload`). Raises TritonError."""
+        if self.options.model_control_mode != "explicit":
+            raise unsupported("explicit model load / unload is not allowed if model control mode is not EXPLICIT")
+        check_model_name(name)
+
+    async def load(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None,
+                   *, gate: Gate | None = None) -> None:
+        """The load API (explicit mode only): load or reload ``name``.
+
+        A reload of a loaded model without ``config`` keeps the config (and files) of the last
+        load that had one, as Triton does (an unload forgets it). A model that exists only
+        through the request's files leaves no entry behind when its load fails.
+
+        ``gate`` (``--workers``: the supervisor's two-phase load) is awaited with the final
+        config and versions once they are ready to serve, before they replace what serves: if
+        it raises, the new versions are unloaded, nothing changes, and its error is raised.
+
+        Raises TritonError: UNSUPPORTED outside explicit mode; INTERNAL "failed to poll from
+        model repository" (Triton's words) for a model in neither the repository nor the
+        request, and for a ``config`` that is not a JSON object; INVALID_ARG for a bad name or
+        file path, or when the load fails (with the reason).
+        """
+        self.check_load(name, config, files)
         rec = self._records.get(name)
         if config is None and rec is not None and rec.override is not None:
             config, files = rec.override  # a reload without a config keeps the last override (Triton)
         try:
-            await self._load(name, config, files)
+            await self._load(name, config, files, gate=gate)
             rec = self._records[name]
             rec.explicit = True
             rec.override = (config, files) if config is not None else None
             await self._resume_dependents(name)
         finally:
             heap.settle()  # the new model's objects (a reload's old ones: when they are unloaded)
+
+    async def load_startup_model(self, name: str, *, gate: Gate | None = None) -> None:
+        """Load one model of the start-up set (``--workers``: the supervisor drives the start-up
+        load, model by model, in every worker; see :meth:`startup_plan`). Raises TritonError."""
+        await self._load(name, gate=gate)
+        self._records[name].explicit = True
+
+    async def startup_plan(self) -> tuple[list[str], list[str]]:
+        """The models the control mode loads at start-up, as (composing models and others,
+        ensembles): what :meth:`startup` loads, in that order. Lists the repositories."""
+        await self.refresh_cloud()
+        found = self.scan()
+        for name, path in found.items():
+            self._record(name, path)
+        if self.options.model_control_mode == "explicit":
+            wanted = self.options.load_models
+            names = list(found) if wanted == ["*"] else wanted
+        else:
+            names = list(found)
+        ensembles = set()
+        for name in names:
+            where = found.get(name)
+            if where is not None and await self._source_is_ensemble(where):
+                ensembles.add(name)
+        return [n for n in names if n not in ensembles], [n for n in names if n in ensembles]
 
     async def _resume_dependents(self, name: str) -> None:
         """After ``name`` (re)loaded: check the serving ensembles that use it against it (one
@@ -354,10 +384,10 @@ class ModelRepository:
             try:
                 await self._load(rec.name)
             except TritonError as e:
-                log.error("%s", e.message)
+                _log_unlogged(e)
 
     async def _load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None,
-                    chain: tuple[str, ...] = ()) -> None:
+                    chain: tuple[str, ...] = (), gate: Gate | None = None) -> None:
         rec = self._records.get(name)
         created = False
         if rec is None or rec.path is None:
@@ -375,20 +405,26 @@ class ModelRepository:
                 # one ensemble load at a time (with the loads of what it needs, chain non-empty):
                 # two ensembles that need each other must not each wait for the other's lock
                 async with self._ensemble_loads:
-                    await self._load_record(rec, config_json, files, chain)
+                    await self._load_record(rec, config_json, files, chain, gate)
             else:
-                await self._load_record(rec, config_json, files, chain)
+                await self._load_record(rec, config_json, files, chain, gate)
         except BaseException:
             if created and not rec.versions and self._records.get(name) is rec:
                 del self._records[name]  # no phantom entry for a refused load
             raise
 
     async def _load_record(self, rec: _Record, config_json: str | None, files: dict[str, bytes] | None,
-                           chain: tuple[str, ...]) -> None:
+                           chain: tuple[str, ...], gate: Gate | None = None) -> None:
         async with rec.lock:
             rec.loading = True
+            started = time.monotonic()
             try:
-                await self._load_locked(rec, config_json, files, (*chain, rec.name))
+                await self._load_locked(rec, config_json, files, (*chain, rec.name), gate)
+            except TritonError as e:
+                if not (isinstance(e, _CircularDependency) and chain):  # reported by the ensemble asked for
+                    log.error("%s (after %.3f s)", e.message, time.monotonic() - started)
+                    e.load_logged = True  # type: ignore[attr-defined]
+                raise
             finally:
                 rec.loading = False
 
@@ -407,13 +443,14 @@ class ModelRepository:
             return False
 
     async def _load_locked(self, rec: _Record, config_json: str | None, files: dict[str, bytes] | None,
-                           chain: tuple[str, ...] = ()) -> None:
+                           chain: tuple[str, ...] = (), gate: Gate | None = None) -> None:
         name = rec.name
         started = time.monotonic()
         source = rec.path
         tmpdir: Path | None = None
         remote_fingerprint: tuple[Any, ...] = ()
         agents: AgentChain | None = None
+        log.info("loading '%s' from %s", name, _source_text(name, source, files))
         if files:
             tmpdir = _write_override_files(name, files)
             model_dir = tmpdir / name
@@ -456,7 +493,7 @@ class ModelRepository:
                 await self._discard(agents, tmpdir)
             raise
         if (not ensemble and not files and agents is None and tmpdir is None
-                and await self._update_in_place(rec, config, versions, model_dir)):
+                and await self._update_in_place(rec, config, versions, model_dir, gate)):
             log.info("successfully applied the instance counts of '%s' version(s) %s without reloading",
                      name, sorted(versions))
             return
@@ -503,6 +540,17 @@ class ModelRepository:
             fingerprint = remote_fingerprint
         else:
             fingerprint = await trio.to_thread.run_sync(_fingerprint, source_dir, limiter=self._io_limiter)
+        if gate is not None:
+            try:
+                await gate(config, sorted(fresh))
+            except BaseException:  # abandoned (another worker failed, or cancelled): nothing changes
+                with trio.CancelScope(shield=True):
+                    for mv in fresh.values():
+                        mv.request_unload()
+                    for mv in fresh.values():
+                        await mv.stopped.wait()
+                    await self._discard(agents, tmpdir)
+                raise
         if agents is not None:
             await trio.to_thread.run_sync(agents.load_complete, limiter=self._io_limiter)
         # the swap: no checkpoint from here to the end of the record's update
@@ -585,11 +633,14 @@ class ModelRepository:
             except TritonError as e:
                 raise invalid_arg(f"ensemble '{name}' depends on '{dep}' which failed to load: {e.message}") from e
 
-    async def _update_in_place(self, rec: _Record, config: ModelConfig, versions: list[int], model_dir: Path) -> bool:
-        """Apply ``config`` to the serving versions when only instance counts changed.
+    async def _update_in_place(self, rec: _Record, config: ModelConfig, versions: list[int], model_dir: Path,
+                               gate: Gate | None = None) -> bool:
+        """Apply ``config`` to the serving versions when only instance counts changed (after
+        ``gate``, as a load's swap).
 
         Returns False (nothing done) when anything else differs: the version set, a model file,
-        another config field. Raises INVALID_ARG when an added instance fails to load.
+        another config field. Raises INVALID_ARG when an added instance fails to load, and what
+        ``gate`` raises (nothing applied).
         """
         serving = rec.versions
         if any(mv.ensemble is not None for mv in serving.values()):
@@ -602,6 +653,8 @@ class ModelRepository:
         fingerprint = await trio.to_thread.run_sync(_fingerprint, model_dir)
         if _without_config(fingerprint) != _without_config(rec.fingerprint):
             return False
+        if gate is not None:
+            await gate(config, sorted(serving))
         try:
             for mv in serving.values():
                 await mv.update_instances(config)
@@ -738,9 +791,23 @@ class ModelRepository:
     async def poll_once(self) -> None:
         """One rescan (see serve_polling); the heap is settled after loads (trident.server.heap;
         unloads settle it themselves)."""
-        loaded = False
+        changed, removed = await self.poll_plan()
+        for name in changed:
+            try:
+                await self.poll_load(name)
+            except TritonError as e:
+                _log_unlogged(e)
+        if changed:
+            heap.settle()
+        for name in removed:
+            await self.poll_unload(name)
+
+    async def poll_plan(self) -> tuple[list[str], list[str]]:
+        """What a rescan finds: (models new or changed since their last load, models gone from
+        every repository). Lists the repositories; loads nothing."""
         await self.refresh_cloud()
         found = self.scan()
+        changed = []
         for name, path in found.items():
             rec = self._records.get(name)
             if rec is not None and rec.loading:
@@ -748,23 +815,38 @@ class ModelRepository:
             fingerprint = await self._source_fingerprint(path)
             if rec is not None and rec.fingerprint == fingerprint:
                 continue
-            if rec is not None and not rec.fingerprint and rec.failed and rec.path == path:
-                rec.fingerprint = fingerprint
-            loaded = True
-            try:
-                await self._load(name)
-                await self._resume_dependents(name)
-            except TritonError as e:
-                log.error("%s", e.message)
-            finally:
-                self._record(name, path).fingerprint = fingerprint
-        if loaded:
-            heap.settle()
-        for name in [n for n, r in self._records.items() if r.path is not None and n not in found]:
-            rec = self._records[name]
-            async with rec.lock:
-                await self._unload_record(rec)
-            rec.path = None
+            changed.append(name)
+        removed = [n for n, r in self._records.items() if r.path is not None and n not in found]
+        return changed, removed
+
+    async def poll_load(self, name: str, *, gate: Gate | None = None) -> None:
+        """(Re)load a model a rescan found new or changed (``gate``: as :meth:`load`); its files'
+        fingerprint is recorded whatever the outcome, so a failed model is not retried until it
+        changes again. Raises TritonError when the load fails."""
+        path = self.scan().get(name)
+        if path is None and self._clouds:
+            await self.refresh_cloud()  # this worker's listing may be older than the planner's
+            path = self.scan().get(name)
+        if path is None:
+            raise not_found(f"model '{name}' is no longer in the model repository")
+        fingerprint = await self._source_fingerprint(path)
+        rec = self._records.get(name)
+        if rec is not None and not rec.fingerprint and rec.failed and rec.path == path:
+            rec.fingerprint = fingerprint
+        try:
+            await self._load(name, gate=gate)
+            await self._resume_dependents(name)
+        finally:
+            self._record(name, path).fingerprint = fingerprint
+
+    async def poll_unload(self, name: str) -> None:
+        """Unload a model a rescan found gone from every repository."""
+        rec = self._records.get(name)
+        if rec is None:
+            return
+        async with rec.lock:
+            await self._unload_record(rec)
+        rec.path = None
 
     # ---- lookups --------------------------------------------------------------------------
 
@@ -847,6 +929,21 @@ class ModelRepository:
                     continue
                 rows.append(IndexEntry(name, str(v), state, reason))
         return rows
+
+
+def _source_text(name: str, source: Source | None, files: dict[str, bytes] | None) -> str:
+    """Where a load reads a model from, as its start line says."""
+    if files:
+        return "the files of the load request"
+    if isinstance(source, RemoteModel):
+        return f"{source.url.rstrip('/')}/{name}"
+    return str(source) if source is not None else "a config without files"
+
+
+def _log_unlogged(error: TritonError) -> None:
+    """Log a failed load's error unless the load attempt logged it already (with its time)."""
+    if not getattr(error, "load_logged", False):
+        log.error("%s", error.message)
 
 
 def _remote_is_ensemble(source: RemoteModel, config_name: str = "") -> bool:
