@@ -27,6 +27,7 @@ import numpy as np
 from trident import DISTRIBUTION
 from trident import config as cfg
 from trident.backends.merge import batch_sizes, merge_inputs, split_outputs
+from trident.backends.settings import setting
 from trident.errors import TritonError, internal, invalid_arg, unavailable, unsupported
 from trident.protocol import datatypes
 from trident.protocol.generated.inference import (
@@ -91,7 +92,7 @@ def int_parameter(config: ModelConfig, key: str, default: int) -> int:
 
 def default_max_batch_size(backend_config: dict[str, str] | None) -> int:
     """``--backend-config=[<backend>,]default-max-batch-size=N`` (Triton's default: 4)."""
-    value = (backend_config or {}).get("default-max-batch-size")
+    value = setting(backend_config, "default-max-batch-size")
     if value is None:
         return DEFAULT_MAX_BATCH_SIZE
     try:

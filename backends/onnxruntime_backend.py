@@ -47,6 +47,7 @@ from trident.backends._common import (
 )
 from trident.backends.base import Backend, LoadContext, ModelInstance
 from trident.backends.sequence_io import with_sequence_io
+from trident.backends.settings import setting
 from trident.errors import TritonError, internal, invalid_arg, unavailable, unsupported
 from trident.protocol.generated.inference import ModelConfig
 from trident.types import InferenceRequest, InferenceResponse, device_source_of
@@ -90,7 +91,7 @@ def describe(session: Any) -> tuple[list[IOSpec], list[IOSpec]]:
 
 def session_options(ort: Any, config: ModelConfig, backend_config: dict[str, str] | None = None) -> Any:
     """``SessionOptions`` from the config's parameters and graph level. Raises INVALID_ARG/UNSUPPORTED."""
-    if (backend_config or {}).get("enable-global-threadpool", "0") not in ("0", "false", ""):
+    if (setting(backend_config, "enable-global-threadpool") or "0") not in ("0", "false", ""):
         raise unsupported("--backend-config=onnxruntime,enable-global-threadpool is not supported by trident; "
                           "set intra_op_thread_count / inter_op_thread_count per model")
     so = ort.SessionOptions()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trident.backends.base import LoadContext
+from trident.backends.settings import setting
 from trident.errors import invalid_arg
 from trident.protocol.generated.inference import ModelConfig
 
@@ -30,19 +31,20 @@ def execution_options(config: ModelConfig, backend_config: dict[str, str] | None
     ``--backend-config=python,...`` defaults. Raises TritonError(INVALID_ARG) for bad values."""
     defaults = backend_config or {}
 
-    def value(key: str) -> str:
-        param = config.parameters.get(key)
+    def value(parameter: str, default: str | None) -> str:
+        param = config.parameters.get(parameter)
         if param is not None and param.string_value.strip():
             return param.string_value.strip()
-        return defaults.get(key.removeprefix("TRIDENT_").lower().replace("_", "-"), "").strip()
+        return (default or "").strip()
 
     name = config.name
-    mode = (value(EXECUTION_MODE) or "thread").lower()
+    mode = (value(EXECUTION_MODE, setting(defaults, "execution-mode")) or "thread").lower()
     if mode not in _MODES:
         raise invalid_arg(f"model '{name}': {EXECUTION_MODE} must be 'thread' or 'process', got '{mode}'")
     try:
-        timeout = float(value(EXECUTE_TIMEOUT) or 0)
-        shm = int(value(SHM_BYTES) or value("SHM_DEFAULT_BYTE_SIZE") or (8 << 20))
+        timeout = float(value(EXECUTE_TIMEOUT, setting(defaults, "execute-timeout-secs")) or 0)
+        shm = int(value(SHM_BYTES, setting(defaults, "shm-bytes"))
+                  or value("SHM_DEFAULT_BYTE_SIZE", setting(defaults, "shm-default-byte-size")) or (8 << 20))
     except ValueError as e:
         raise invalid_arg(f"model '{name}': bad execution parameter: {e}") from None
     if timeout < 0 or shm < 4096:
