@@ -1,12 +1,17 @@
 """``trident`` command line: ``trident serve`` with tritonserver's flag names and defaults.
 
-Every flag of tritonserver 2.51's ``--help`` is accepted, in tritonserver's groups: those for
-what trident does map to it (the deprecated ``--trace-*`` and ``--response-cache-byte-size`` to
-their ``--trace-config`` / ``--cache-config`` settings), those with no meaning here
-(:data:`IGNORED_FLAGS`) are logged once at start-up as ignored, with the reason. The
+Every flag of the current tritonserver's ``--help`` is accepted (read from its
+src/command_line_parser.cc: tritonserver 2.51's flags and those added since), in tritonserver's
+groups, with every value form tritonserver accepts: those for what trident does map to it (the
+deprecated ``--trace-*`` and ``--response-cache-byte-size`` to their ``--trace-config`` /
+``--cache-config`` settings), those with no meaning here (:data:`IGNORED_FLAGS`) are checked
+as tritonserver checks them and logged once at start-up as ignored, with the reason, as is a
+``--backend-config`` setting no backend reads (:mod:`trident.backends.settings`). The
 ``tritonserver`` command is ``trident serve``. An unknown flag or a bad value is a one-line
-error (exit status 2). Booleans take ``--flag=true|false`` (also ``1/0``, ``yes/no``,
-``on/off``) or the bare ``--flag`` for true.
+error (exit status 2). Booleans take ``--flag=true|false`` in any case (also ``1/0``,
+``on/off``, ``yes/no``) or the bare ``--flag`` for true; the names tritonserver reads in any
+case (``--model-control-mode``, ``--rate-limit``, ``--grpc-infer-response-compression-level``,
+a ``--trace-config`` mode and level) are read in any case here too.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -49,6 +54,14 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _byte_limit(text: str) -> int:
+    """A size limit in bytes, at least 1 (tritonserver refuses 0: it would turn the limit off)."""
+    v = _positive_int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of bytes, got '{text}'")
+    return v
+
+
 def _port(text: str) -> int:
     v = _positive_int(text)
     if v > 65535:
@@ -71,6 +84,66 @@ def _seconds(text: str) -> float:
     if v < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative number, got '{text}'")
     return v
+
+
+def _clamped_seconds(text: str) -> float:
+    """Seconds; a negative number is 0 (tritonserver's ``--exit-timeout-secs``)."""
+    try:
+        return max(float(text), 0.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds '{text}'") from None
+
+
+def _milliseconds(text: str) -> float:
+    """A non-negative number of milliseconds, fractions included (tritonserver's
+    ``--metrics-interval-ms`` is a float)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of milliseconds '{text}'") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a non-negative number of milliseconds, got '{text}'")
+    return v
+
+
+def _log_verbose(text: str) -> int:
+    """tritonserver's ``--log-verbose``: true (1), false (0) in any case, or an integer level
+    (below 0: off)."""
+    t = text.strip().lower()
+    if t in ("true", "false"):
+        return int(t == "true")
+    try:
+        return max(int(t), 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected true, false or an integer level, got '{text}'") from None
+
+
+def _lower(text: str) -> str:
+    """A name tritonserver reads in any case (checked against the flag's choices)."""
+    return text.strip().lower()
+
+
+#: --trace-config / --trace-level levels as tritonserver reads them (any case) -> the level
+_TRACE_LEVELS = {"off": "OFF", "false": "OFF", "on": "TIMESTAMPS", "true": "TIMESTAMPS", "min": "TIMESTAMPS",
+                 "max": "TIMESTAMPS", "timestamps": "TIMESTAMPS", "tensors": "TENSORS"}
+_TRACE_MODES = ("triton", "opentelemetry")
+
+
+def _trace_setting(entry: str) -> str:
+    """A ``--trace-config`` entry with the names tritonserver reads in any case (a mode, the
+    ``level`` and ``mode`` values, levels true/on/min/max and false) in the form of the trace
+    settings (:mod:`trident.observability.trace`); anything else is passed on as given."""
+    head, sep, value = entry.partition("=")
+    mode, comma, key = head.rpartition(",")
+    if not sep:
+        return entry
+    if comma and mode.lower() in _TRACE_MODES:
+        mode = mode.lower()
+    elif not comma and key == "level":
+        value = _TRACE_LEVELS.get(value.strip().lower(), value)
+    elif not comma and key == "mode" and value.strip().lower() in _TRACE_MODES:
+        value = value.strip().lower()
+    return f"{mode}{comma}{key}={value}"
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -111,6 +184,9 @@ IGNORED_FLAGS: dict[str, str] = {
     "--http-thread-count": "HTTP runs on the trio event loop (heavy decoding on bounded worker threads); "
                            "there is no thread pool to size",
     "--grpc-infer-allocation-pool-size": "gRPC responses are not allocated from a pool",
+    "--grpc-infer-thread-count": "gRPC calls run as tasks on the trio event loop (large decodes and "
+                                 "decompression on bounded worker threads); there are no handler threads to size",
+    "--grpc-max-response-pool-size": "gRPC responses are not kept in a pool: each is written as it is ready",
     "--reuse-http-port": "SO_REUSEPORT is not set; run one server per port",
     "--reuse-grpc-port": "SO_REUSEPORT is not set; run one server per port",
     "--host-policy": "there are no NUMA host policies",
@@ -118,9 +194,6 @@ IGNORED_FLAGS: dict[str, str] = {
     "--enable-peer-access": "CUDA peer access is left to the frameworks",
     "--model-load-retry-count": "a failed load is not retried (load it again through the load API)",
     "--model-namespacing": "model names are global across repositories (a name in two repositories is refused)",
-    "--grpc-max-connection-age": "gRPC connections are not closed by age (idle ones are, after "
-                                 "--grpc-idle-timeout-secs)",
-    "--grpc-max-connection-age-grace": "gRPC connections are not closed by age",
     "--allow-sagemaker": "there is no SageMaker front end",
     "--sagemaker-port": "there is no SageMaker front end",
     "--sagemaker-safe-port-range": "there is no SageMaker front end",
@@ -132,9 +205,106 @@ IGNORED_FLAGS: dict[str, str] = {
 }
 
 
+def _checked(parse: Callable[[str], object]) -> Callable[[str], str]:
+    """A value check that keeps the text (an ignored flag's value is logged as given)."""
+    def check(text: str) -> str:
+        parse(text)
+        return text
+
+    return check
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer value '{text}'") from None
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number '{text}'") from None
+
+
+def _pair(delim: str, second: Callable[[str], object], form: str) -> Callable[[str], str]:
+    """``<integer><delim><second>`` (tritonserver's pair options: split at the first ``delim``)."""
+    def check(text: str) -> str:
+        first, sep, rest = text.partition(delim)
+        if not sep:
+            raise argparse.ArgumentTypeError(f"expected {form}, got '{text}'")
+        _integer(first)
+        second(rest)
+        return text
+
+    return check
+
+
+def _named_setting(form: str) -> Callable[[str], str]:
+    """``<name>,<setting>=<value>``, none of them empty (tritonserver's --host-policy)."""
+    def check(text: str) -> str:
+        name, _, kv = text.partition(",")
+        key, sep, value = kv.partition("=")
+        if not (name and key and sep and value):
+            raise argparse.ArgumentTypeError(f"expected {form}, got '{text}'")
+        return text
+
+    return check
+
+
+def _bounded(low: int, high: int | None) -> Callable[[str], str]:
+    """An integer in [low, high] (high None: no upper bound), as tritonserver bounds it."""
+    def check(text: str) -> str:
+        v = _integer(text)
+        if v < low or (high is not None and v > high):
+            bounds = f"in the range {low} to {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got '{text}'")
+        return text
+
+    return check
+
+
+_int_value, _float_value, _bool_value = _checked(_integer), _checked(_number), _checked(_bool)
+
+#: how tritonserver parses each ignored flag's value (its ParseOption type, pair or range
+#: check): a value tritonserver refuses is refused here too, one it accepts is accepted
+_IGNORED_VALUES: dict[str, Callable[[str], str]] = {
+    "--backend-directory": str, "--repoagent-directory": str, "--cache-directory": str,
+    "--pinned-memory-pool-byte-size": _int_value,
+    "--cuda-memory-pool-byte-size": _pair(":", _integer, "<GPU device ID>:<pool byte size>"),
+    "--cuda-virtual-address-size": _pair(":", _integer, "<GPU device ID>:<CUDA virtual address size>"),
+    "--min-supported-compute-capability": _float_value,
+    "--buffer-manager-thread-count": _int_value,
+    "--http-thread-count": _int_value,
+    "--grpc-infer-allocation-pool-size": _int_value,
+    "--grpc-infer-thread-count": _bounded(2, 128),
+    "--grpc-max-response-pool-size": _bounded(1, None),
+    "--host-policy": _named_setting("<policy_name>,<setting>=<value>"),
+    "--model-load-gpu-limit": _pair(":", _number, "<device_id>:<fraction>"),
+    "--enable-peer-access": _bool_value,
+    "--model-load-retry-count": _int_value,
+    "--model-namespacing": _bool_value,
+    "--allow-sagemaker": _bool_value,
+    "--sagemaker-port": _int_value,
+    "--sagemaker-safe-port-range": _pair("-", _integer, "<integer>-<integer>"),
+    "--sagemaker-thread-count": _int_value,
+    "--allow-vertex-ai": _bool_value,
+    "--vertex-ai-port": _int_value,
+    "--vertex-ai-thread-count": _int_value,
+    "--vertex-ai-default-model": str,
+}
+
+
 def _ignored(group: argparse._ArgumentGroup, name: str) -> None:
-    group.add_argument(name, dest=_ignored_dest(name), default=argparse.SUPPRESS, nargs="?", const="true",
-                       metavar="VALUE", help=f"accepted for tritonserver compatibility and ignored: {IGNORED_FLAGS[name]}")
+    """An ignored flag; its value is checked as tritonserver checks it. A boolean one may be
+    given bare (true); the others need a value, as in tritonserver. Each use is kept (and
+    logged): some of these flags repeat (--host-policy, --cuda-memory-pool-byte-size...)."""
+    check = _IGNORED_VALUES.get(name)
+    bare = {"nargs": "?", "const": "true"} if check in (None, _bool_value) else {}
+    group.add_argument(name, dest=_ignored_dest(name), default=argparse.SUPPRESS, type=check or str,
+                       action="append", metavar="VALUE", **bare,  # type: ignore[arg-type]
+                       help=f"accepted for tritonserver compatibility and ignored: {IGNORED_FLAGS[name]}")
 
 
 def _ignored_dest(name: str) -> str:
@@ -174,15 +344,15 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     d = ServerOptions()
     g = serve.add_argument_group("Server")
     g.add_argument("--id", dest="server_id", default=d.server_id, help="server identifier in server metadata")
-    g.add_argument("--exit-timeout-secs", type=_seconds, default=d.exit_timeout_secs,
+    g.add_argument("--exit-timeout-secs", type=_clamped_seconds, default=d.exit_timeout_secs,
                    help="on SIGTERM/SIGINT, how long in-flight inferences may take before they are cancelled")
     g.add_argument("--busy-poll-us", type=_busy_poll_us, default=d.busy_poll_us,
                    help="microseconds the event loop polls for the next request before it sleeps, while "
                         "requests keep coming that fast (0: never; at most 10000)")
 
     lg = serve.add_argument_group("Logging")
-    lg.add_argument("--log-verbose", type=_positive_int, default=d.log_verbose,
-                    help="verbose logging level (0: off, 1 and up: more detail)")
+    lg.add_argument("--log-verbose", type=_log_verbose, default=d.log_verbose,
+                    help="verbose logging level (0 or false: off, 1 (true) and up: more detail)")
     _flag(lg, "--log-info", d.log_info, "info messages")
     _flag(lg, "--log-warning", d.log_warning, "warning messages")
     _flag(lg, "--log-error", d.log_error, "error messages")
@@ -197,7 +367,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     g.add_argument("--disable-auto-complete-config", action="store_true",
                    help="do not complete model configs from the model files")
     _flag(g, "--strict-readiness", d.strict_readiness, "ready only when every model is ready")
-    g.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default=d.model_control_mode,
+    g.add_argument("--model-control-mode", type=_lower, choices=["none", "poll", "explicit"],
+                   default=d.model_control_mode,
                    help="none: load all at start-up; poll: follow repository changes; explicit: the load API")
     g.add_argument("--repository-poll-secs", type=_seconds, default=d.repository_poll_secs,
                    help="seconds between repository polls (poll mode)")
@@ -221,7 +392,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     h.add_argument("--http-restricted-api", action="append", dest="http_restricted_api", default=[],
                    metavar="API[,API...]:KEY=VALUE",
                    help="serve these API groups only to requests with header KEY: VALUE (repeatable)")
-    h.add_argument("--http-max-input-size", type=_positive_int, default=d.http_max_input_size,
+    h.add_argument("--http-max-input-size", type=_byte_limit, default=d.http_max_input_size,
                    help="largest request body in bytes")
     h.add_argument("--http-server", choices=["hypercorn", "trident"], default=d.http_server,
                    help="HTTP/1.1 serving layer (trident)")
@@ -241,7 +412,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     _ignored(h, "--reuse-grpc-port")
     h.add_argument("--grpc-header-forward-pattern", default=d.grpc_header_forward_pattern,
                    help="regex of gRPC metadata keys copied into inference request parameters")
+    _ignored(h, "--grpc-infer-thread-count")
     _ignored(h, "--grpc-infer-allocation-pool-size")
+    _ignored(h, "--grpc-max-response-pool-size")
     # default None: an explicit --grpc-use-ssl=false contradicts --grpc-use-ssl-mutual=true
     h.add_argument("--grpc-use-ssl", type=_bool, nargs="?", const=True, default=None, metavar="BOOL",
                    help="TLS on the gRPC port (default: false)")
@@ -250,7 +423,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     h.add_argument("--grpc-server-cert", default="", help="server certificate file (PEM)")
     h.add_argument("--grpc-server-key", default="", help="server key file (PEM)")
     h.add_argument("--grpc-root-cert", default="", help="root certificate file for client certificates (PEM)")
-    h.add_argument("--grpc-infer-response-compression-level", choices=["none", "low", "medium", "high"],
+    h.add_argument("--grpc-infer-response-compression-level", type=_lower, choices=["none", "low", "medium", "high"],
                    default=d.grpc_infer_response_compression_level, help="compression of inference responses")
     h.add_argument("--grpc-keepalive-time", type=_positive_int, default=d.grpc_keepalive_time, metavar="MS",
                    help="ping an idle connection after this many ms")
@@ -266,8 +439,12 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                    help="client pings closer than this without data count as strikes")
     h.add_argument("--grpc-http2-max-ping-strikes", type=_positive_int, default=d.grpc_http2_max_ping_strikes,
                    help="strikes before GOAWAY ENHANCE_YOUR_CALM (0: no limit)")
-    _ignored(h, "--grpc-max-connection-age")
-    _ignored(h, "--grpc-max-connection-age-grace")
+    h.add_argument("--grpc-max-connection-age", type=_positive_int, default=d.grpc_max_connection_age,
+                   metavar="MS", help="GOAWAY a connection this long (+-10%%) after it opened, so that its client "
+                                      "reconnects (0: never)")
+    h.add_argument("--grpc-max-connection-age-grace", type=_positive_int, default=d.grpc_max_connection_age_grace,
+                   metavar="MS", help="after the max age, calls may run this much longer; then each ends with "
+                                      "UNAVAILABLE and the connection closes (0: no limit)")
     h.add_argument("--grpc-restricted-protocol", action="append", dest="grpc_restricted_protocol", default=[],
                    metavar="PROTOCOL[,PROTOCOL...]:KEY=VALUE",
                    help="serve these RPC groups only to calls with metadata KEY: VALUE (repeatable)")
@@ -299,7 +476,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     _flag(m, "--allow-cpu-metrics", d.allow_cpu_metrics, "CPU metrics")
     m.add_argument("--metrics-address", default=d.metrics_address, help="metrics listen address (default: HTTP's)")
     m.add_argument("--metrics-port", type=_port, default=d.metrics_port, help="metrics port")
-    m.add_argument("--metrics-interval-ms", type=_positive_int, default=d.metrics_interval_ms,
+    m.add_argument("--metrics-interval-ms", type=_milliseconds, default=d.metrics_interval_ms,
                    help="how often GPU/CPU metrics are sampled")
     m.add_argument("--metrics-config", action="append", dest="metrics_config", default=[], metavar="KEY=VALUE",
                    help="summary_latencies, summary_quantiles, histogram_latencies, counter_latencies")
@@ -322,7 +499,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     _ignored(c, "--cache-directory")
 
     r = serve.add_argument_group("Rate Limiter")
-    r.add_argument("--rate-limit", choices=["off", "execution_count"], default=d.rate_limit,
+    r.add_argument("--rate-limit", type=_lower, choices=["off", "execution_count"], default=d.rate_limit,
                    help="gate instance executions on their rate_limiter resources")
     r.add_argument("--rate-limit-resource", action="append", dest="rate_limit_resources", default=[],
                    metavar="NAME:COUNT[:DEVICE]", help="copies of a rate-limiter resource (repeatable)")
@@ -355,7 +532,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
             continue
         if key.startswith("ignored__"):
             flag = "--" + key[len("ignored__"):].replace("_", "-")
-            opts.ignored_flags.append((flag, str(value), IGNORED_FLAGS[flag]))
+            opts.ignored_flags.extend((flag, str(v), IGNORED_FLAGS[flag]) for v in value)
             continue
         if hasattr(opts, key):
             setattr(opts, key, value)
@@ -369,21 +546,31 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
                          ("trace_log_frequency", "triton,log-frequency")):
         if getattr(args, key, None) is not None:
             legacy_trace.append(f"{setting}={getattr(args, key)}")
-    opts.trace_config = [*legacy_trace, *opts.trace_config]
+    opts.trace_config = [_trace_setting(entry) for entry in (*legacy_trace, *opts.trace_config)]
     if args.model_repositories:
         opts.model_repositories = list(args.model_repositories)
     if args.strict_model_config:
         opts.disable_auto_complete_config = True
     for entry in args.backend_config:
-        backend, _, kv = entry.partition(",")
-        if not kv:  # a global setting: --backend-config=key=value
+        backend, comma, kv = entry.partition(",")
+        if not comma:  # a global setting: --backend-config=key=value
             backend, kv = "", entry
         key, sep, value = kv.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--backend-config expects <backend>,<key>=<value>, got '{entry}'")
+        if (comma and not backend) or not (sep and key and value):  # as tritonserver refuses them
+            raise ValueError(f"--backend-config expects <backend>,<key>=<value> or <key>=<value>, got '{entry}'")
         opts.backend_config.setdefault(backend, {})[key] = value
     if "default-max-batch-size" in opts.backend_config.get("", {}):
-        opts.default_max_batch_size = int(opts.backend_config[""]["default-max-batch-size"])
+        text = opts.backend_config[""]["default-max-batch-size"]
+        try:
+            opts.default_max_batch_size = int(text)
+        except ValueError:
+            raise ValueError(f"--backend-config default-max-batch-size must be an integer, got '{text}'") from None
+    if opts.backend_config:  # a setting nothing reads is logged at start-up as ignored, with what is read
+        from trident.backends.settings import backend_names, unread
+
+        builtin, other = backend_names()
+        opts.ignored_flags.extend(("--backend-config", entry, why)
+                                  for entry, why in unread(opts.backend_config, builtin, other))
     from trident.batching.cache import parse_cache_config
     from trident.batching.rate_limiter import parse_resource
 

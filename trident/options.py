@@ -49,6 +49,10 @@ class ServerOptions:
     grpc_http2_max_pings_without_data: int = 2
     grpc_http2_min_recv_ping_interval_without_data: int = 300_000
     grpc_http2_max_ping_strikes: int = 2
+    # GOAWAY a connection this long (+-10%) after it opened, then its calls may run this much
+    # longer (gRPC core's max connection age and grace; 0: not set, as tritonserver's default)
+    grpc_max_connection_age: int = 0
+    grpc_max_connection_age_grace: int = 0
     # trident's own gRPC limits (Triton has no flag for these)
     grpc_max_connections: int = 4096  # open connections; at the limit, accepting pauses
     grpc_idle_timeout_secs: float = 120.0  # a connection with no call for this long gets GOAWAY
@@ -64,7 +68,7 @@ class ServerOptions:
     allow_cpu_metrics: bool = True
     metrics_address: str = ""
     metrics_port: int = 8002
-    metrics_interval_ms: int = 2000
+    metrics_interval_ms: float = 2000.0  # a float, as tritonserver's flag
     metrics_config: list[str] = field(default_factory=list)  # <key>=<value> (trident.observability.model_metrics)
     trace_config: list[str] = field(default_factory=list)  # [<mode>,]<key>=<value> (trident.observability.tracing)
     # repository and lifecycle

@@ -11,8 +11,9 @@ Options read from ``server.options`` (tritonserver's flag names): ``grpc_max_mes
 keepalive and ping policy ``grpc_keepalive_time`` / ``grpc_keepalive_timeout`` (ms),
 ``grpc_keepalive_permit_without_calls``, ``grpc_http2_max_pings_without_data``,
 ``grpc_http2_min_recv_ping_interval_without_data`` (ms) and ``grpc_http2_max_ping_strikes``;
-and trident's own ``grpc_max_connections`` (at the limit the accept loop pauses until a
-connection closes), ``grpc_handshake_timeout_secs`` (TLS handshake plus the client's preface
+``grpc_max_connection_age`` / ``grpc_max_connection_age_grace`` (ms; 0: not set, as tritonserver
+leaves gRPC core's default: no max age, an unbounded grace period); and trident's own
+``grpc_max_connections`` (at the limit the accept loop pauses until a connection closes), ``grpc_handshake_timeout_secs`` (TLS handshake plus the client's preface
 and first SETTINGS, counted from accept), ``grpc_idle_timeout_secs``,
 ``grpc_message_timeout_secs``, ``grpc_max_buffered_bytes`` and ``grpc_http2`` (the HTTP/2
 implementation: ``trident`` or ``h2``; see
@@ -65,6 +66,8 @@ def transport_config(options: ServerOptions) -> TransportConfig:
         max_pings_without_data=options.grpc_http2_max_pings_without_data,
         min_recv_ping_interval=options.grpc_http2_min_recv_ping_interval_without_data / 1000.0,
         max_ping_strikes=options.grpc_http2_max_ping_strikes,
+        max_connection_age=options.grpc_max_connection_age / 1000.0,
+        max_connection_age_grace=options.grpc_max_connection_age_grace / 1000.0,
         max_connections=options.grpc_max_connections,
         http2=options.grpc_http2,
     )

@@ -31,9 +31,13 @@ Limits (every size, count and time a client controls is bounded; see :class:`Tra
   budget: the stream whose DATA would exceed one fails with RESOURCE_EXHAUSTED; a started
   message must complete within ``message_timeout`` (else DEADLINE_EXCEEDED);
 * one watchdog task per connection enforces the handshake deadline (preface and first
-  SETTINGS), the idle timeout (GOAWAY NO_ERROR after no call for that long) and keepalive
+  SETTINGS), the idle timeout (GOAWAY NO_ERROR after no call for that long), keepalive
   (PING after ``keepalive_time`` without inbound bytes, close when no ACK comes within
-  ``keepalive_timeout``);
+  ``keepalive_timeout``) and the maximum connection age (gRPC core's
+  ``GRPC_ARG_MAX_CONNECTION_AGE_MS`` / ``_GRACE_MS``: GOAWAY NO_ERROR "max_age" once the
+  connection is ``max_connection_age`` old, +-10% jitter, so that the client reconnects, maybe
+  elsewhere; the calls running then may finish for ``max_connection_age_grace``, after which
+  each ends with UNAVAILABLE and the connection closes);
 * gzip and deflate messages inflate inline up to 1 MiB of output, the rest in worker threads (bounded
   by the server's limiter) in steps that the call's task awaits (:meth:`Call.run_sync`).
 
@@ -49,6 +53,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -65,6 +70,7 @@ from trident.errors import (
     GRPC_INVALID_ARGUMENT,
     GRPC_OK,
     GRPC_RESOURCE_EXHAUSTED,
+    GRPC_UNAVAILABLE,
     GRPC_UNIMPLEMENTED,
     TritonError,
 )
@@ -90,6 +96,8 @@ _KEEPALIVE_PING = b"trident\x00"
 _LINGER_SECS = 1.0  # after a GOAWAY for abuse: read and drop what the client still sends, then close
 _LINGER_BYTES = 16 * 1024 * 1024
 _PARSED_HEADERS_CACHE = 64  # request header tuples whose parse a connection keeps
+MAX_AGE_JITTER = 0.1  # a connection's max age is max_connection_age x (1 +- this), as gRPC core's
+_MAX_AGE_DEBUG = b"max_age"  # the GOAWAY's debug data (gRPC core's)
 
 
 def next_receive_size(size: int, got: int) -> int:
@@ -165,6 +173,8 @@ class TransportConfig:
     max_pings_without_data: int = 2  # keepalive PINGs between two DATA/HEADERS sent; 0 = unlimited
     min_recv_ping_interval: float = 300.0  # client PINGs closer than this without data: a strike
     max_ping_strikes: int = 2  # strikes beyond this: GOAWAY ENHANCE_YOUR_CALM; 0 = unlimited
+    max_connection_age: float = 0.0  # GOAWAY NO_ERROR this long (+-10%) after accept; 0 = never
+    max_connection_age_grace: float = 0.0  # ... then calls may run this long, the rest end; 0 = unbounded
     max_connections: int = 4096  # open connections; at the limit the accept loop pauses
     offload_size: int = 1024 * 1024  # heavy messages from this size decode in a worker thread (grpc_codec.is_heavy)
     worker_threads: int = 2  # worker threads for decompression and large decodes, all connections
@@ -516,6 +526,12 @@ class Connection:
         self._handshake_deadline = handshake_deadline
         self._last_received = now
         self._idle_since = now
+        #: when this connection reaches its max age (GOAWAY "max_age"), and then when its grace
+        #: period ends (inf: not set, or not yet started)
+        self._age_deadline = (now + config.max_connection_age * random.uniform(1 - MAX_AGE_JITTER, 1 + MAX_AGE_JITTER)
+                              if config.max_connection_age else math.inf)
+        self._grace_deadline = math.inf
+        self._goaway_debug = b""  # the drain's GOAWAY debug data
         self._sends = 0  # DATA/HEADERS sends so far (the ping policies reset on them)
         self._sends_at_ping = 0  # ... as of the last client PING
         self._sends_at_keepalive = 0  # ... as of the last keepalive PING we sent
@@ -564,14 +580,17 @@ class Connection:
                     await self._linger()
                 await trio.aclose_forcefully(self.stream)
 
-    def start_drain(self) -> None:
-        """Graceful shutdown: send GOAWAY, refuse new streams, close once the calls finish."""
+    def start_drain(self, debug: bytes = b"") -> None:
+        """Graceful shutdown: send GOAWAY NO_ERROR (with ``debug`` as its debug data, when the
+        first to ask), refuse new streams, close once the calls finish."""
+        if not self._drain.is_set():
+            self._goaway_debug = debug
         self._drain.set()
 
     async def _drainer(self) -> None:
         await self._drain.wait()
         self._draining = True
-        self.engine.goaway(http2.NO_ERROR)  # the streams still running may finish
+        self.engine.goaway(http2.NO_ERROR, self._goaway_debug)  # the streams still running may finish
         async with self._send_lock:
             await self._send_raw(self.engine.data_to_send())
         self._maybe_close()
@@ -771,7 +790,7 @@ class Connection:
             timer.deadline = deadline
 
     async def _watchdog(self) -> None:
-        """Handshake, idle, keepalive and partial-message timers of this connection."""
+        """Handshake, idle, keepalive, max-age and partial-message timers of this connection."""
         while True:
             wake = await self._check_timers(trio.current_time())
             with trio.CancelScope(deadline=wake) as self._timer:
@@ -791,6 +810,17 @@ class Connection:
                 return math.inf
             else:
                 wake = deadline
+        if now >= self._age_deadline:
+            self._age_deadline = math.inf
+            log.debug("gRPC connection reached its max age (%g ms): GOAWAY", config.max_connection_age * 1000)
+            self.start_drain(_MAX_AGE_DEBUG)  # the client reconnects; the calls running may finish
+            if config.max_connection_age_grace:
+                self._grace_deadline = now + config.max_connection_age_grace
+        wake = min(wake, self._age_deadline)
+        if now >= self._grace_deadline:
+            self._end_grace()
+            return math.inf
+        wake = min(wake, self._grace_deadline)
         if config.idle_timeout and not self.calls and not self._draining:
             deadline = self._idle_since + config.idle_timeout
             if now >= deadline:
@@ -810,6 +840,26 @@ class Connection:
                 else:
                     wake = min(wake, deadline)
         return wake
+
+    def _end_grace(self) -> None:
+        """The max-age grace period is over: each call still running ends with UNAVAILABLE (its
+        trailers are queued, and written by :meth:`serve` as it closes, even behind a send that
+        waits for a window; the call's task, cancelled with the connection, sends nothing more)
+        and the connection closes, as gRPC core closes the transport then."""
+        config = self.config
+        self._grace_deadline = math.inf
+        message = (f"connection closed by the server: max connection age "
+                   f"({config.max_connection_age * 1000:g} ms) and its grace period "
+                   f"({config.max_connection_age_grace * 1000:g} ms) are over")
+        for call in list(self.calls.values()):
+            call.reset = True
+            try:
+                self.engine.send_headers(call.stream_id, call._trailers(GRPC_UNAVAILABLE, message), end_stream=True)
+            except http2.StreamClosedError:
+                continue
+            if not call._ended:
+                self._reset_quietly(call.stream_id)
+        self._close("max connection age grace period over")
 
     async def _keepalive(self, now: float) -> float:
         config = self.config
