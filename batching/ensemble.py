@@ -368,7 +368,9 @@ class EnsembleRequest:
                                outputs=[RequestedOutput(name) for name in step.outputs],
                                parameters=dict(request.parameters))
         sub.stats_sink = self.sums
-        sub.trace = self.trace
+        # the ensemble request's trace (its steps are traced as its children), or the client's
+        # W3C context an untraced ensemble request came with (its steps continue that trace)
+        sub.trace = self.trace if self.trace is not None else request.trace
         sub.response_window = self.plan.max_inflight_requests
         batch = inputs[0].shape[0] if step.batching and inputs and inputs[0].shape else 0
         decoupled = bool(getattr(model, "decoupled", False))

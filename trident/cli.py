@@ -356,8 +356,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     _flag(lg, "--log-info", d.log_info, "info messages")
     _flag(lg, "--log-warning", d.log_warning, "warning messages")
     _flag(lg, "--log-error", d.log_error, "error messages")
-    lg.add_argument("--log-format", choices=["default", "ISO8601"], default=d.log_format,
-                    help="log line format")
+    lg.add_argument("--log-format", choices=["default", "ISO8601", "json"], default=d.log_format,
+                    help="log line format (json: one JSON object per line)")
     lg.add_argument("--log-file", default=d.log_file, help="write the log to this file instead of the console")
 
     g = serve.add_argument_group("Model Repository")

@@ -59,12 +59,12 @@ class _Runtime(abc.ABC):
 
 
 MODEL_PACKAGE_PREFIX = "_trident_python_model_"  # the packages model files are imported under
-#: (runtime, parents) of the model call running in this thread, or in this asyncio task: a
-#: context variable, so it is per thread for plain threads and follows the tasks of an
-#: instance's asyncio loop (each task starts from a copy of the context it was created in)
-_call_context: contextvars.ContextVar[tuple[_Runtime | None, list[Any]]] = contextvars.ContextVar(
-    "trident_pb_call", default=(None, [])
-)
+#: (runtime, parents, model) of the model call running in this thread, or in this asyncio task:
+#: a context variable, so it is per thread for plain threads and follows the tasks of an
+#: instance's asyncio loop (each task starts from a copy of the context it was created in).
+#: ``model`` is (name, version) of the instance making the call (what pb_utils.Logger names)
+_call_context: contextvars.ContextVar[tuple[_Runtime | None, list[Any], tuple[str, str] | None]] = (
+    contextvars.ContextVar("trident_pb_call", default=(None, [], None)))
 _package_runtimes: dict[str, _Runtime] = {}
 _default_runtime: _Runtime | None = None
 
@@ -83,18 +83,20 @@ def _bind_package(package: str, runtime: _Runtime | None) -> None:
 
 
 class _Context:
-    """While active in a thread (or an asyncio task): the runtime and the requests being
-    executed (BLS parents)."""
+    """While active in a thread (or an asyncio task): the runtime, the requests being
+    executed (BLS parents) and the model (name, version) executing them."""
 
-    __slots__ = ("runtime", "parents", "_token")
+    __slots__ = ("runtime", "parents", "model", "_token")
 
-    def __init__(self, runtime: _Runtime | None, parents: Sequence[Any] = ()) -> None:
+    def __init__(self, runtime: _Runtime | None, parents: Sequence[Any] = (),
+                 model: tuple[str, str] | None = None) -> None:
         self.runtime = runtime
         self.parents = list(parents)
-        self._token: contextvars.Token[tuple[_Runtime | None, list[Any]]] | None = None
+        self.model = model
+        self._token: contextvars.Token[tuple[_Runtime | None, list[Any], tuple[str, str] | None]] | None = None
 
     def __enter__(self) -> _Context:
-        self._token = _call_context.set((self.runtime, self.parents))
+        self._token = _call_context.set((self.runtime, self.parents, self.model))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -106,6 +108,12 @@ class _Context:
 def _current_parents() -> list[Any]:
     """The requests of the model call running here (BLS parents); empty outside one."""
     return list(_call_context.get()[1])
+
+
+def _current_call() -> tuple[tuple[str, str] | None, list[Any]]:
+    """(model (name, version), requests) of the model call running here; (None, []) outside one."""
+    _, parents, model = _call_context.get()
+    return model, parents
 
 
 def _current_runtime() -> _Runtime | None:

@@ -5,6 +5,9 @@ Model code runs in worker threads; every call here crosses into the server's tri
 A BLS request goes through ``Server.infer`` / ``Server.infer_stream``, i.e. through the callee's
 scheduler, exactly like a request from a front end.
 
+Tracing: a BLS request continues the trace of the request it is made for (:func:`bls_trace`),
+so it is traced as that request's child (an OpenTelemetry span under its span).
+
 Cancellation: a BLS call runs under its own cancel scope. ``ResponseIterator.cancel()`` cancels
 it, and so does the cancellation of every parent request (the batch ``execute`` was running
 when the call was made), delivered by the parents' ``on_cancel``. Cancelling the scope cancels
@@ -27,6 +30,24 @@ from trident.errors import Code, TritonError
 from trident.types import InferenceRequest, InferenceResponse
 
 _END = object()
+
+
+def bls_trace(parents: Sequence[Any], explicit: Any = None) -> Any:
+    """What a BLS request's ``trace`` is (see trident.observability.tracing): the trace of the
+    request named with ``trace=request.trace()`` (``explicit``), else of the one traced request
+    among ``parents`` (the batch ``execute`` runs; a request without a trace of its own gives
+    the client's W3C context it came with). None when no request of the batch has one, or when
+    several have different ones and the model named none."""
+    if explicit is not None:
+        return getattr(explicit, "trace", None)
+    found = None
+    for parent in parents:
+        trace = getattr(parent, "trace", None)
+        if trace is not None:
+            if found is not None and trace is not found:
+                return None
+            found = trace
+    return found
 
 
 def current_token() -> trio.lowlevel.TrioToken | None:
@@ -184,6 +205,7 @@ class InProcessRuntime(pb_utils._Runtime):
             converted = _convert.to_request(request)
         except TritonError as e:
             return iter([_convert.error_response(e.code, e.message)])
+        converted.trace = bls_trace(parents, request.trace()._source)
         return BlsCall(self.server, self.token, converted, decoupled, parents, threads=self.threads).start()
 
     def _call(self, fn: Any, *args: Any) -> Any:

@@ -100,6 +100,7 @@ class PythonInstance(ModelInstance):
         self.instance_name = identity.instance_name
         self._failure_prefix = self._failure("")  # what a response that fails to convert says first
         self._version_name = str(self.version)
+        self._identity = (self.model_name, self._version_name)  # what its log lines name (pb_utils.Logger)
         self.decoupled = identity.decoupled
         self._loaded = loaded
         self._model = model
@@ -125,7 +126,7 @@ class PythonInstance(ModelInstance):
         """``value``, or its result when it is awaitable (run on this instance's loop, waited for)."""
         if type(value) is list or not inspect.isawaitable(value):
             return value
-        return self._aio.run(value, functools.partial(pb_utils._Context, self._runtime, parents or ()))
+        return self._aio.run(value, functools.partial(pb_utils._Context, self._runtime, parents or (), self._identity))
 
     def _close_loop(self) -> None:
         self._aio.close()
@@ -150,7 +151,7 @@ class PythonInstance(ModelInstance):
                     with contextlib.suppress(TritonError):
                         responder.send(InferenceResponse(error=internal(message)), True)
 
-        self._aio.submit(coroutine, done, functools.partial(pb_utils._Context, self._runtime, requests))
+        self._aio.submit(coroutine, done, functools.partial(pb_utils._Context, self._runtime, requests, self._identity))
 
     def initialize(self, args: dict[str, str]) -> None:
         """Call the model's ``initialize(args)`` if it has one. Raises TritonError(INTERNAL)."""
@@ -158,7 +159,7 @@ class PythonInstance(ModelInstance):
         if init is None:
             return
         try:
-            with pb_utils._Context(self._runtime):
+            with pb_utils._Context(self._runtime, (), self._identity):
                 self._resolve(init(args))
         except (Exception, SystemExit, asyncio.CancelledError) as e:
             raise internal(
@@ -181,7 +182,7 @@ class PythonInstance(ModelInstance):
         for r, pb, responder in zip(requests, pb_requests, responders, strict=True):
             pb._sender_factory = functools.partial(self._make_sender, r, responder)
         try:
-            with pb_utils._Context(self._runtime, requests):
+            with pb_utils._Context(self._runtime, requests, self._identity):
                 result = self._model.execute(pb_requests)
                 if self.decoupled and inspect.isawaitable(result):
                     self._execute_in_background(result, requests)
@@ -275,7 +276,7 @@ class PythonInstance(ModelInstance):
         try:
             fin = getattr(self._model, "finalize", None)
             if fin is not None:
-                with pb_utils._Context(self._runtime):
+                with pb_utils._Context(self._runtime, (), self._identity):
                     self._resolve(fin())
         except (Exception, SystemExit, asyncio.CancelledError) as e:
             raise internal(f"finalize of model '{self.model_name}' failed: {_describe(e)}") from e
@@ -299,7 +300,7 @@ class PythonInstance(ModelInstance):
         if hook is None:
             return
         try:
-            with pb_utils._Context(self._runtime):
+            with pb_utils._Context(self._runtime, (), self._identity):
                 self._resolve(hook(correlation_id))
         except (Exception, SystemExit, asyncio.CancelledError) as e:
             raise internal(f"sequence_idle_timeout of model '{self.model_name}' failed: {_describe(e)}") from e
@@ -313,7 +314,7 @@ class PythonInstance(ModelInstance):
         if check is None:
             return True
         try:
-            with pb_utils._Context(self._runtime):
+            with pb_utils._Context(self._runtime, (), self._identity):
                 value = check()
             if inspect.isawaitable(value):  # a loop of its own: execute may be running
                 loop = asyncio.new_event_loop()

@@ -42,13 +42,20 @@ from trident.backends.python._pb_base import MODEL_PACKAGE_PREFIX as MODEL_PACKA
 from trident.backends.python._pb_base import TritonModelException as TritonModelException
 from trident.backends.python._pb_base import _bind_package as _bind_package
 from trident.backends.python._pb_base import _Context as _Context
-from trident.backends.python._pb_base import _current_parents, _current_runtime, _require_runtime
+from trident.backends.python._pb_base import (
+    _current_call,
+    _current_parents,
+    _current_runtime,
+    _require_runtime,
+)
 from trident.backends.python._pb_base import _Runtime as _Runtime
 from trident.backends.python._pb_base import _set_default_runtime as _set_default_runtime
 from trident.backends.python._pb_metrics import Metric as Metric
 from trident.backends.python._pb_metrics import MetricFamily as MetricFamily
 from trident.backends.python._pb_tensor import _API_TO_NUM
 from trident.backends.python._pb_tensor import Tensor as Tensor
+from trident.observability.logs import SERVING_KEY as _SERVING_KEY
+from trident.observability.logs import ModelCall as _ModelCall
 from trident.protocol import datatypes
 
 _log = logging.getLogger("trident.backends.python")
@@ -212,10 +219,26 @@ class PreferredMemory:
 
 
 class InferenceTrace:
-    """A request's trace handle; trident has no trace context to hand to models yet."""
+    """A request's trace (``request.trace()``). Given as ``trace=`` to a BLS
+    ``InferenceRequest``, it makes that call a child of this request's trace (as in Triton;
+    trident also links a BLS call made while ``execute`` runs exactly one traced request)."""
 
-    def get_context(self) -> str | None:
-        return None
+    __slots__ = ("_source",)
+
+    def __init__(self, source: Any = None) -> None:
+        self._source = source  # the request whose trace this is (None: no trace)
+
+    def get_context(self, mode: str = "opentelemetry") -> str | None:
+        """The request's W3C trace context as a JSON object string, ``{"traceparent": ...}``
+        (with ``"tracestate"`` when there is one): its span's in OpenTelemetry mode, else the
+        context the client sent; None when it has neither."""
+        trace = getattr(self._source, "trace", None)
+        header = getattr(trace, "traceparent", None)
+        value = header() if callable(header) else None
+        if not value:
+            return None
+        state = getattr(trace, "tracestate", "") or getattr(getattr(trace, "context", None), "tracestate", "")
+        return json.dumps({"traceparent": value, "tracestate": state} if state else {"traceparent": value})
 
 
 _CPU_MEMORY = PreferredMemory(TRITONSERVER_MEMORY_CPU)  # what a wrapped request records (never changed)
@@ -416,6 +439,8 @@ class InferenceRequest:
         return self._parameters
 
     def trace(self) -> InferenceTrace:
+        if self._trace is _NO_TRACE and self._source is not None:  # made on first use: no cost per request
+            self._trace = InferenceTrace(self._source)
         return self._trace
 
     def requested_output_names(self) -> list[str]:
@@ -568,8 +593,18 @@ def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bo
 _model_logger = logging.getLogger("trident.model")
 
 
+def _log_extra() -> dict[str, Any] | None:
+    """What a model's log line names: the model and the requests of the call running here."""
+    model, requests = _current_call()
+    if model is None:
+        return None
+    return {_SERVING_KEY: _ModelCall(model[0], model[1], requests)}
+
+
 class Logger:
-    """Model logging, through the Python logger ``trident.server.model`` (VERBOSE is DEBUG)."""
+    """Model logging, through the Python logger ``trident.model`` (VERBOSE is DEBUG). A line
+    logged while the model executes names the model and the requests of the batch (see
+    trident.observability.logs); its source is the model's file and line."""
 
     class LogLevel(enum.IntEnum):
         INFO = 0
@@ -586,23 +621,23 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: int = LogLevel.INFO) -> None:
-        _model_logger.log(Logger._LEVELS.get(int(level), logging.INFO), message, stacklevel=2)
+        _model_logger.log(Logger._LEVELS.get(int(level), logging.INFO), message, stacklevel=2, extra=_log_extra())
 
     @staticmethod
     def log_info(message: str) -> None:
-        _model_logger.info(message, stacklevel=2)
+        _model_logger.info(message, stacklevel=2, extra=_log_extra())
 
     @staticmethod
     def log_warn(message: str) -> None:
-        _model_logger.warning(message, stacklevel=2)
+        _model_logger.warning(message, stacklevel=2, extra=_log_extra())
 
     @staticmethod
     def log_error(message: str) -> None:
-        _model_logger.error(message, stacklevel=2)
+        _model_logger.error(message, stacklevel=2, extra=_log_extra())
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        _model_logger.debug(message, stacklevel=2)
+        _model_logger.debug(message, stacklevel=2, extra=_log_extra())
 
 
 # ---- model management (explicit model control mode) ----

@@ -19,6 +19,8 @@ import trio
 
 from trident.errors import TritonError, invalid_arg, unavailable
 from trident.grpc.transport import Call, GrpcError, Later, Method
+from trident.observability.logs import serving
+from trident.observability.trace import TraceParent, parse_traceparent
 from trident.protocol import grpc_codec, grpc_messages
 from trident.protocol.generated import inference as pb
 from trident.protocol.generated.grpc.health import v1 as health
@@ -35,6 +37,7 @@ SERVICE = "inference.GRPCInferenceService"
 HEALTH_SERVICE = "grpc.health.v1.Health"
 # requests of one ModelStreamInfer call in flight at once; beyond it the stream's window closes
 MAX_STREAM_INFLIGHT = 1024
+_TRACE_CONTEXT_CACHE = 256  # header tuples whose trace context (usually none) a service keeps
 
 def _reply(message: betterproto2.Message) -> tuple[list[bytes], int]:
     data = bytes(message)
@@ -100,6 +103,9 @@ class InferenceService:
         pattern = server.options.grpc_header_forward_pattern
         self.forward = re.compile(pattern, re.IGNORECASE) if pattern else None
         self.restrictions = grpc_restrictions(server.options)
+        #: id(header tuple) -> (that tuple, its trace context): the HTTP/2 engine hands out the
+        #: same tuple for a header block it decoded before (a call without a traceparent)
+        self._contexts: dict[int, tuple[Any, TraceParent | None]] = {}
 
     def methods(self) -> dict[str, Method]:
         unary = {
@@ -258,6 +264,23 @@ class InferenceService:
 
     # ---- inference ------------------------------------------------------------------------
 
+    def _trace_context(self, call: Call) -> TraceParent | None:
+        """The client's W3C trace context (``traceparent`` / ``tracestate`` metadata; None
+        without one, or a malformed or repeated one, as W3C says), remembered per header tuple."""
+        headers = call.headers
+        cached = self._contexts.get(id(headers))
+        if cached is not None and cached[0] is headers:
+            return cached[1]
+        traceparent = [v for k, v in headers if k == b"traceparent"]
+        context = None
+        if len(traceparent) == 1:
+            context = parse_traceparent(traceparent[0], b",".join(v for k, v in headers if k == b"tracestate"))
+        if isinstance(headers, tuple):
+            if len(self._contexts) >= _TRACE_CONTEXT_CACHE:
+                self._contexts.clear()
+            self._contexts[id(headers)] = (headers, context)  # holds the tuple: its id stays unique
+        return context
+
     async def _request(self, call: Call, data: bytearray) -> InferenceRequest:
         """Decode a ModelInferRequest: inline unless it is heavy (:func:`grpc_codec.is_heavy` with
         ``offload_size``: typed contents or BYTES of that size, not raw tensors, which become views),
@@ -275,14 +298,21 @@ class InferenceService:
             for key, value in call.metadata:
                 if isinstance(value, str) and self.forward.fullmatch(key):
                     request.parameters[key] = value
+        context = self._trace_context(call)
+        if context is not None:
+            request.trace = context
         return request
 
     async def model_infer(self, call: Call, data: bytearray) -> tuple[list[Any], int]:
         """ModelInfer. Raises TritonError (decoupled models: UNSUPPORTED -> UNIMPLEMENTED)."""
         request = await self._request(call, data)
-        shm_outputs = self._check_shm_outputs(request)
-        response = await self.server.infer(request, endpoint="ModelInfer RPC")
-        return self._encode(call, response, shm_outputs)
+        token = serving.set(request)  # the lines logged meanwhile name the request
+        try:
+            shm_outputs = self._check_shm_outputs(request)
+            response = await self.server.infer(request, endpoint="ModelInfer RPC")
+            return self._encode(call, response, shm_outputs)
+        finally:
+            serving.reset(token)
 
     def model_infer_now(self, call: Call, data: bytearray) -> Any:
         """ModelInfer without a task where it can be (``Method.now``): the reply ``(parts, size)``
@@ -295,20 +325,27 @@ class InferenceService:
             request = grpc_codec.decode_model_infer_request(data, self.server.shared_memory.input_view)
         except grpc_codec.DecodeError as e:
             raise invalid_arg(f"failed to parse ModelInferRequest: {e}") from None
-        shm_outputs = self._check_shm_outputs(request)
-        result: InferenceResponse | Completion | Awaitable[InferenceResponse]
-        if not call.may_answer_later:
-            result = self.server.infer_now(request, endpoint="ModelInfer RPC")
-        else:
-            def done(response: InferenceResponse) -> None:
-                self._answer(call, response, shm_outputs)
+        context = self._trace_context(call)
+        if context is not None:
+            request.trace = context
+        token = serving.set(request)  # the lines logged meanwhile name the request
+        try:
+            shm_outputs = self._check_shm_outputs(request)
+            result: InferenceResponse | Completion | Awaitable[InferenceResponse]
+            if not call.may_answer_later:
+                result = self.server.infer_now(request, endpoint="ModelInfer RPC")
+            else:
+                def done(response: InferenceResponse) -> None:
+                    self._answer(call, response, shm_outputs)
 
-            result = self.server.infer_now(request, endpoint="ModelInfer RPC", on_done=done)
-        if isinstance(result, Completion):  # queued: answered by whoever delivers the response
-            return Later(result.cancel)
-        if isinstance(result, InferenceResponse):
-            return self._encode(call, result, shm_outputs)
-        return self._encode_later(call, result, shm_outputs)
+                result = self.server.infer_now(request, endpoint="ModelInfer RPC", on_done=done)
+            if isinstance(result, Completion):  # queued: answered by whoever delivers the response
+                return Later(result.cancel)
+            if isinstance(result, InferenceResponse):
+                return self._encode(call, result, shm_outputs)
+            return self._encode_later(call, result, shm_outputs, request)
+        finally:
+            serving.reset(token)
 
     def _answer(self, call: Call, response: InferenceResponse, shm_outputs: dict[str, Any] | None) -> None:
         """Answer a call queued by :meth:`model_infer_now` with its final response."""
@@ -323,8 +360,12 @@ class InferenceService:
         call.answer(parts, size)
 
     async def _encode_later(self, call: Call, result: Awaitable[InferenceResponse],
-                            shm_outputs: dict[str, Any] | None) -> tuple[list[Any], int]:
-        return self._encode(call, await result, shm_outputs)
+                            shm_outputs: dict[str, Any] | None, request: InferenceRequest) -> tuple[list[Any], int]:
+        token = serving.set(request)  # the lines logged meanwhile name the request
+        try:
+            return self._encode(call, await result, shm_outputs)
+        finally:
+            serving.reset(token)
 
     def _check_shm_outputs(self, request: InferenceRequest) -> dict[str, Any] | None:
         """The outputs requested in shared memory, checked before the model runs (as Triton);
@@ -365,6 +406,7 @@ class InferenceService:
                 nursery.start_soon(self._stream_one, call, request, slots)
 
     async def _stream_one(self, call: Call, request: InferenceRequest, slots: trio.Semaphore) -> None:
+        serving.set(request)  # a task of its own: the lines logged in it name the request
         empty_final = request.parameters.get("triton_enable_empty_final_response") is True
         stub = InferenceResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
         shm_outputs = _shm_outputs(request)

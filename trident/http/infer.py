@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from trident.errors import Code, TritonError, http_status, invalid_arg
 from trident.http import offload
+from trident.observability.logs import serving
+from trident.observability.trace import TraceParent, parse_traceparent
 from trident.protocol import kserve
 from trident.restricted import HTTP_MESSAGE, http_restrictions
 from trident.types import InferenceRequest, InferenceResponse
@@ -31,6 +33,10 @@ Parts = list[Any]  # bytes-like pieces of a body
 Body = bytes | bytearray | memoryview
 ReadBody = Callable[[], Awaitable[Body]]
 RunInfer = Callable[[InferenceRequest, bool], "InferenceResponse | None | Awaitable[InferenceResponse | None]"]
+
+#: what a request's headers ask for: Inference-Header-Content-Length, Content-Encoding,
+#: Accept-Encoding, and the client's W3C trace context (traceparent, tracestate)
+HeaderInfo = tuple[int | None, str | None, str | None, TraceParent | None]
 
 JSON = (b"content-type", b"application/json")
 OCTET = (b"content-type", b"application/octet-stream")
@@ -135,7 +141,7 @@ class InferEndpoint:
         self.shm = server.shared_memory
         #: id(header tuple) -> (that tuple, what _scan_headers made of it): a client sends the
         #: same head again and again, and the HTTP/1.1 parser hands out the same tuple for it
-        self._header_info: dict[int, tuple[Headers, tuple[int | None, str | None, str | None]]] = {}
+        self._header_info: dict[int, tuple[Headers, HeaderInfo]] = {}
 
     def check_restricted(self, headers: Headers, category: str) -> None:
         """Raises HTTPError(403) when ``category`` needs a header the request lacks."""
@@ -158,10 +164,12 @@ class InferEndpoint:
         check). ``run`` may also return LATER: the request is queued and the transport answers
         it itself when the response comes; ``handle`` then returns a :class:`Later` that encodes
         it. Raises Disconnected when the client went away (the transport sends nothing);
-        cancellation propagates.
+        cancellation propagates. The lines logged while the request runs here name it
+        (trident.observability.logs.serving); a ``traceparent`` header becomes ``request.trace``.
         """
+        token = None
         try:
-            header_length, content_encoding, accept_encoding = self._scan_headers(headers)
+            header_length, content_encoding, accept_encoding, context = self._scan_headers(headers)
             body = read_body if isinstance(read_body, (bytes, bytearray, memoryview)) else await read_body()
             if content_encoding is not None:
                 body = await offload.decompress(body, content_encoding, self.limit)
@@ -175,7 +183,7 @@ class InferEndpoint:
                             body, header_length, offload.OFFLOAD_THRESHOLD):
                         # a large JSON (or BYTES) decode: in a worker thread, not on the loop
                         return await self._handle_heavy(headers, body, header_length, accept_encoding,
-                                                        run, name, version)
+                                                        run, name, version, context)
                     request = kserve.decode_infer_request(body, header_length, name, version, shm)
                 except TritonError:
                     self.server.repository.get(name, version)  # an unknown model answers 404, as Triton, not 400
@@ -183,6 +191,9 @@ class InferEndpoint:
                 params = request.parameters
                 binary_default = bool(params.pop("binary_data_output", False)) if params else False
             del body
+            if context is not None:
+                request.trace = context
+            token = serving.set(request)
             output_view = self._prepare(headers, request)
             response = run(request, False)
             if response is LATER:
@@ -195,6 +206,9 @@ class InferEndpoint:
             raise
         except Exception as exc:
             return self.error(exc, name, version)
+        finally:
+            if token is not None:
+                serving.reset(token)
 
     def error(self, exc: Exception, name: str, version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
         path = f"/v2/models/{name}/versions/{version}/infer" if version else f"/v2/models/{name}/infer"
@@ -216,15 +230,17 @@ class InferEndpoint:
         self.shm.check_outputs(shm_outputs)
         return self.shm.output_view
 
-    def _scan_headers(self, headers: Headers) -> tuple[int | None, str | None, str | None]:
-        """``(Inference-Header-Content-Length, Content-Encoding, Accept-Encoding)`` of a request
-        (None where absent), remembered for a header tuple seen before. Raises INVALID_ARG for
-        a header length that is not a number."""
+    def _scan_headers(self, headers: Headers) -> HeaderInfo:
+        """What a request's headers ask for (:data:`HeaderInfo`, None where absent), remembered
+        for a header tuple seen before. Raises INVALID_ARG for a header length that is not a
+        number; a malformed (or repeated) ``traceparent`` is ignored, as W3C says."""
         cached = self._header_info.get(id(headers))
         if cached is not None and cached[0] is headers:
             return cached[1]
         header_length: int | None = None
         content_encoding = accept_encoding = None
+        traceparent: list[bytes] | None = None
+        tracestate: list[bytes] = []
         for key, value in headers:
             if key == b"inference-header-content-length":
                 try:
@@ -237,7 +253,14 @@ class InferEndpoint:
                 content_encoding = value.decode("latin-1")
             elif key == b"accept-encoding":
                 accept_encoding = value.decode("latin-1")
-        info = (header_length, content_encoding, accept_encoding)
+            elif key == b"traceparent":
+                traceparent = [*(traceparent or ()), value]
+            elif key == b"tracestate":
+                tracestate.append(value)
+        context = None
+        if traceparent is not None and len(traceparent) == 1:
+            context = parse_traceparent(traceparent[0], b",".join(tracestate))
+        info = (header_length, content_encoding, accept_encoding, context)
         if isinstance(headers, tuple):
             if len(self._header_info) >= _HEADER_INFO_CACHE:
                 self._header_info.clear()
@@ -246,7 +269,8 @@ class InferEndpoint:
 
     async def _handle_heavy(self, headers: Headers, body: Body, header_length: int | None,
                             accept_encoding: str | None, run: RunInfer, name: str,
-                            version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+                            version: str, context: TraceParent | None = None,
+                            ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
         """:meth:`handle` for a body whose decode is long: decoded in a worker thread, and the
         request (it holds millions of objects: JSON lists) freed in one too, once nothing else
         (a traceback's frames) refers to it. Raises what the decode raises."""
@@ -255,13 +279,18 @@ class InferEndpoint:
         del body
         params = request.parameters
         binary_default = bool(params.pop("binary_data_output", False)) if params else False
+        if context is not None:
+            request.trace = context
         error: Exception | None = None
         reply = None
+        token = serving.set(request)
         try:
             output_view = self._prepare(headers, request)
             reply = await _respond(run(request, True), request.outputs, binary_default, accept_encoding, output_view)
         except Exception as exc:
             error = exc.with_traceback(None)
+        finally:
+            serving.reset(token)
         holder = [request]
         del request
         await offload.run_sync(holder.clear)

@@ -1,9 +1,14 @@
-"""Trace settings (the trace extension): global values and per-model overrides.
+"""Trace settings (the trace extension): global values and per-model overrides; the W3C trace
+context a client sends.
 
 Values are kept in Triton's wire form: ``trace_level`` a list of strings, the others strings.
 A per-model key set to ``None`` falls back to the global value. This module validates and
 stores the settings that GET/POST ``/v2[/models/<m>]/trace/setting`` and the TraceSetting RPC
-read and change.
+read and change, and the ``--trace-config opentelemetry,...`` settings of the span exporter.
+
+:func:`parse_traceparent` reads a ``traceparent`` / ``tracestate`` pair (HTTP headers, gRPC
+metadata) as the W3C Trace Context recommendation says: a malformed value is ignored (None),
+never an error.
 """
 
 from __future__ import annotations
@@ -95,15 +100,41 @@ class TraceSettings:
 _GLOBAL_KEYS = {"rate": "trace_rate", "level": "trace_level", "count": "trace_count", "mode": "trace_mode"}
 _TRITON_KEYS = {"file": "trace_file", "log-frequency": "log_frequency", "log_frequency": "log_frequency"}
 _OTEL_KEYS = {"url", "resource", "bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size"}
+#: the batch span processor's settings: --trace-config key -> BatchSpanProcessor argument
+BSP_ARGUMENTS = {"bsp_max_queue_size": "max_queue_size", "bsp_schedule_delay": "schedule_delay_millis",
+                 "bsp_max_export_batch_size": "max_export_batch_size"}
+_BSP_DEFAULTS = {"bsp_max_queue_size": 2048, "bsp_schedule_delay": 5000, "bsp_max_export_batch_size": 512}
+
+
+def _check_otel(otel: dict[str, str]) -> None:
+    """Raises ValueError for an OpenTelemetry setting the exporter could not take."""
+    for key in BSP_ARGUMENTS:
+        if key in otel:
+            value = otel[key]
+            if not value.isdigit() or int(value) <= 0:
+                raise ValueError(f"--trace-config opentelemetry,{key} expects a positive integer, got '{value}'")
+    queue = int(otel.get("bsp_max_queue_size", _BSP_DEFAULTS["bsp_max_queue_size"]))
+    batch = int(otel.get("bsp_max_export_batch_size", _BSP_DEFAULTS["bsp_max_export_batch_size"]))
+    if batch > queue:
+        raise ValueError(f"--trace-config opentelemetry,bsp_max_export_batch_size ({batch}) must not exceed "
+                         f"bsp_max_queue_size ({queue})")
+    for item in filter(None, otel.get("resource", "").split(",")):
+        key, sep, _ = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--trace-config opentelemetry,resource expects <key>=<value>, got '{item}'")
 
 
 def parse_trace_config(entries: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """``--trace-config`` values as (trace setting changes, OpenTelemetry settings).
 
     ``<key>=<value>`` sets rate, level (repeatable), count or mode; ``triton,file=...`` and
-    ``triton,log-frequency=...`` the trace file; ``opentelemetry,url=...`` (and resource,
-    bsp_*) the exporter. Raises ValueError for a bad entry, and when the OpenTelemetry mode is
-    asked for without the opentelemetry packages.
+    ``triton,log-frequency=...`` the trace file; ``opentelemetry,url=...``,
+    ``opentelemetry,resource=<key>=<value>`` (repeatable, comma-joined in the result) and the
+    batch span processor's ``bsp_max_queue_size``, ``bsp_schedule_delay`` (ms) and
+    ``bsp_max_export_batch_size`` the exporter. Raises ValueError for a bad entry (a bsp_*
+    value that is not a positive integer, an export batch larger than the queue, a resource
+    entry without ``=``), and when the OpenTelemetry mode is asked for without the
+    opentelemetry packages.
     """
     changes: dict[str, Any] = {}
     otel: dict[str, str] = {}
@@ -115,6 +146,8 @@ def parse_trace_config(entries: list[str]) -> tuple[dict[str, Any], dict[str, st
         if section == "opentelemetry":
             if key not in _OTEL_KEYS:
                 raise ValueError(f"unknown --trace-config opentelemetry setting '{key}'")
+            if key == "resource" and otel.get("resource"):  # repeatable: each adds attributes
+                value = f"{otel['resource']},{value}"
             otel[key] = value
         elif section in ("", "triton") and key in _TRITON_KEYS:
             changes[_TRITON_KEYS[key]] = value
@@ -130,6 +163,7 @@ def parse_trace_config(entries: list[str]) -> tuple[dict[str, Any], dict[str, st
             raise ValueError(f"unknown --trace-config setting '{entry}'")
     if changes.get("trace_level") == []:
         changes["trace_level"] = "OFF"
+    _check_otel(otel)
     try:
         TraceSettings().update("", changes)
     except TritonError as e:
@@ -142,3 +176,82 @@ def parse_trace_config(entries: list[str]) -> tuple[dict[str, Any], dict[str, st
             raise ValueError("--trace-config mode=opentelemetry needs the opentelemetry-sdk and "
                              "opentelemetry-exporter-otlp-proto-http packages") from None
     return changes, otel
+
+
+# ---- W3C trace context ---------------------------------------------------------------------
+
+_HEX = frozenset("0123456789abcdef")
+_MAX_TRACESTATE = 512  # bytes of tracestate kept (the recommendation's propagation limit)
+_MAX_TRACESTATE_MEMBERS = 32
+
+
+class TraceParent:
+    """A client's W3C trace context: the trace it belongs to and its span (the parent of the
+    request's span), with its ``tracestate``. What the front ends put in ``request.trace``
+    when a request carries a valid ``traceparent`` (see :class:`~.tracing.Tracer.sample`)."""
+
+    __slots__ = ("trace_id", "span_id", "flags", "tracestate")
+
+    def __init__(self, trace_id: str, span_id: str, flags: int, tracestate: str = "") -> None:
+        self.trace_id = trace_id  # 32 lowercase hex digits
+        self.span_id = span_id  # 16 lowercase hex digits
+        self.flags = flags
+        self.tracestate = tracestate
+
+    def traceparent(self) -> str:
+        """The ``traceparent`` value (version 00)."""
+        return f"00-{self.trace_id}-{self.span_id}-{self.flags:02x}"
+
+    def __repr__(self) -> str:
+        return f"TraceParent({self.traceparent()!r}, tracestate={self.tracestate!r})"
+
+
+def _hex(text: str, length: int) -> bool:
+    return len(text) == length and _HEX.issuperset(text)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("latin-1") if isinstance(value, (bytes, bytearray)) else value
+
+
+def parse_traceparent(traceparent: bytes | str, tracestate: bytes | str | None = None) -> TraceParent | None:
+    """The context of a ``traceparent`` value (and ``tracestate``), or None when it is not
+    valid: a version other than two lowercase hex digits or ``ff``, ids of the wrong length,
+    not lowercase hex or all zeros, flags that are not two hex digits, version 00 with trailing
+    data, a later version whose extra data does not start with ``-``. A ``tracestate`` that does
+    not parse is dropped (the context is kept without it). Never raises."""
+    value = _text(traceparent).strip(" \t")
+    if len(value) < 55 or value[2] != "-" or value[35] != "-" or value[52] != "-":
+        return None
+    version = value[:2]
+    if not _hex(version, 2) or version == "ff" or (version == "00" and len(value) != 55):
+        return None
+    if len(value) > 55 and value[55] != "-":  # a later version may append fields after a dash
+        return None
+    trace_id, span_id, flags = value[3:35], value[36:52], value[53:55]
+    if not (_hex(trace_id, 32) and _hex(span_id, 16) and _hex(flags, 2)):
+        return None
+    if trace_id == "0" * 32 or span_id == "0" * 16:
+        return None
+    state = _tracestate(_text(tracestate)) if tracestate else ""
+    return TraceParent(trace_id, span_id, int(flags, 16), state)
+
+
+def _tracestate(value: str) -> str:
+    """``tracestate`` as kept: its list members (``key=value``, comma-separated, at most 32),
+    or "" when it is malformed or over 512 characters."""
+    if len(value) > _MAX_TRACESTATE:
+        return ""
+    members = [m.strip(" \t") for m in value.split(",")]
+    members = [m for m in members if m]
+    if len(members) > _MAX_TRACESTATE_MEMBERS:
+        return ""
+    for member in members:
+        key, sep, val = member.partition("=")
+        if not sep or not key or not val or len(key) > 256 or len(val) > 256:
+            return ""
+        if not all(c.islower() or c.isdigit() or c in "_-*/@" for c in key) or not key.isascii():
+            return ""
+        if not all(0x20 <= ord(c) <= 0x7e and c not in ",=" for c in val) or val.endswith(" "):
+            return ""
+    return ",".join(members)

@@ -15,8 +15,20 @@ with 0 the traces are written to ``trace_file`` when the settings change, when `
 runs out and when the server stops (:meth:`Tracer.close`).
 
 OpenTelemetry mode (``--trace-config mode=opentelemetry``, ``opentelemetry,url=...``) exports
-one span per traced request (timestamps as span events) through OTLP/HTTP; it needs the
-``opentelemetry-sdk`` and ``opentelemetry-exporter-otlp-proto-http`` packages, checked at startup.
+one span per traced request (timestamps as span events) through OTLP/HTTP and a batch span
+processor (``opentelemetry,bsp_max_queue_size`` / ``bsp_schedule_delay`` /
+``bsp_max_export_batch_size``); it needs the ``opentelemetry-sdk`` and
+``opentelemetry-exporter-otlp-proto-http`` packages, checked at startup.
+
+Trace context. ``request.trace`` holds, before sampling, what the request's trace continues:
+the :class:`~.trace.TraceParent` a client sent (``traceparent`` header or metadata), or the
+:class:`RequestTrace` of the request it was made for (an ensemble step's ensemble request, a
+BLS call's caller); :meth:`Tracer.sample` puts the request's own :class:`RequestTrace` there
+when it is traced (so its steps and BLS calls become its children). In OpenTelemetry mode a
+request with a client's context is always traced (as Triton, whatever the rate and count),
+its span a child of the client's span in the client's trace; the children's spans are
+children of its span. In Triton mode the client's context does not change sampling; a traced
+request records it in its trace JSON (``"traceparent"``, ``"tracestate"``).
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from trident.observability.trace import TraceSettings
+from trident.observability.trace import BSP_ARGUMENTS, TraceParent, TraceSettings
 from trident.observability.trace import parse_trace_config as parse_trace_config  # re-exported
 
 if TYPE_CHECKING:
@@ -58,6 +70,20 @@ class RequestTrace:
     state: _State
     inputs: list[dict[str, Any]] = field(default_factory=list)
     parent_id: int = 0  # the ensemble request's trace, for a request of one of its steps
+    #: the client's W3C context the request came with (not a child's: it has a parent_id)
+    context: TraceParent | None = None
+    #: the W3C trace id (32 hex digits) the request is part of, "" when it has none (Triton
+    #: mode without a client context): what its log lines name
+    trace_id: str = ""
+    span: Any = None  # OpenTelemetry mode: the request's span, ended by Tracer.record
+
+    def traceparent(self) -> str | None:
+        """The W3C ``traceparent`` of this request's span (OpenTelemetry mode), else of the
+        client's context it continues, else None."""
+        if self.span is not None:
+            ctx = self.span.get_span_context()
+            return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+        return self.context.traceparent() if self.context is not None else None
 
 
 @dataclass
@@ -119,21 +145,18 @@ class Tracer:
         return state
 
     def sample(self, model: str, version: int, request: Any) -> RequestTrace | None:
-        """A RequestTrace when this request is to be traced, else None.
+        """A RequestTrace when this request is to be traced, else None; a traced request gets
+        it as ``request.trace``.
 
-        A request of an ensemble step whose ensemble request is traced (``request.trace``) is
-        always traced, as a child of that trace (Triton's child traces), under the parent's
-        settings.
+        A request of an ensemble step whose ensemble request is traced (``request.trace`` a
+        RequestTrace), or a BLS call of a traced request, is always traced, as a child of that
+        trace (Triton's child traces), under the parent's settings. A request with a client's
+        W3C context (``request.trace`` a TraceParent) is always traced in OpenTelemetry mode
+        (unless the level is OFF) and sampled as any other in Triton mode.
         """
         parent = getattr(request, "trace", None)
-        if isinstance(parent, RequestTrace):
-            trace = RequestTrace(self._next_id, model, version, str(getattr(request, "id", "") or ""),
-                                 parent.tensors, parent.state, parent_id=parent.id)
-            self._next_id += 1
-            parent.state.outstanding += 1
-            if trace.tensors:
-                trace.inputs = [_tensor_entry(trace.id, "TENSOR_QUEUE_INPUT", t) for t in request.inputs]
-            return trace
+        if parent is not None:
+            return self._sample_with(model, version, request, parent)
         generation = self.settings.generation
         if generation == self._quiet:
             return None
@@ -142,17 +165,49 @@ class Tracer:
             if not self.settings.model_settings:  # every model has the global state: none samples until a change
                 self._quiet = generation
             return None
+        return self._sample_by_rate(model, version, request, state, None)
+
+    def _sample_by_rate(self, model: str, version: int, request: Any, state: _State,
+                        context: TraceParent | None) -> RequestTrace | None:
         state.seen += 1
         if state.rate <= 0 or state.seen % state.rate:
             return None
         if state.remaining > 0:
             state.remaining -= 1
-        trace = RequestTrace(self._next_id, model, version, str(getattr(request, "id", "") or ""),
-                             "TENSORS" in state.levels, state)
+        return self._new(model, version, request, state, "TENSORS" in state.levels, context=context)
+
+    def _sample_with(self, model: str, version: int, request: Any, parent: Any) -> RequestTrace | None:
+        if isinstance(parent, RequestTrace):
+            return self._new(model, version, request, parent.state, parent.tensors, parent=parent)
+        if not isinstance(parent, TraceParent):
+            return None
+        state = self._state(model)
+        if not state.levels:
+            return None
+        if state.mode == "opentelemetry":  # a propagated context is always traced (Triton)
+            return self._new(model, version, request, state, "TENSORS" in state.levels, context=parent)
+        if state.remaining == 0 or not state.file:
+            return None
+        return self._sample_by_rate(model, version, request, state, parent)
+
+    def _new(self, model: str, version: int, request: Any, state: _State, tensors: bool, *,
+             parent: RequestTrace | None = None, context: TraceParent | None = None) -> RequestTrace:
+        trace = RequestTrace(self._next_id, model, version, str(getattr(request, "id", "") or ""), tensors, state)
         self._next_id += 1
+        if parent is not None:
+            trace.parent_id = parent.id
+            trace.trace_id = parent.trace_id
+        elif context is not None:
+            trace.context = context
+            trace.trace_id = context.trace_id
         state.outstanding += 1
         if trace.tensors:
             trace.inputs = [_tensor_entry(trace.id, "TENSOR_QUEUE_INPUT", t) for t in request.inputs]
+        if state.mode == "opentelemetry":
+            if self._otel is None:
+                self._otel = _OtelExporter(self._otel_settings)
+            self._otel.start(trace, parent, context, getattr(request, "arrival_ns", 0) or time.monotonic_ns())
+        request.trace = trace
         return trace
 
     # ---- completion ----------------------------------------------------------------------
@@ -170,11 +225,14 @@ class Tracer:
 
     def record(self, trace: RequestTrace, stamps: list[tuple[str, int]], response: InferenceResponse | None) -> None:
         """Write (or export) ``trace`` with its (activity, monotonic ns) timestamps."""
+        head: dict[str, Any] = {"id": trace.id, "model_name": trace.model_name, "model_version": trace.model_version,
+                                "request_id": trace.request_id, "parent_id": trace.parent_id}
+        if trace.context is not None:  # the client's W3C context, as it continues it
+            head["traceparent"] = trace.context.traceparent()
+            if trace.context.tracestate:
+                head["tracestate"] = trace.context.tracestate
         entries: list[dict[str, Any]] = [
-            {"id": trace.id, "model_name": trace.model_name, "model_version": trace.model_version,
-             "request_id": trace.request_id, "parent_id": trace.parent_id},
-            {"id": trace.id, "timestamps": [{"name": n, "ns": ns} for n, ns in stamps]},
-        ]
+            head, {"id": trace.id, "timestamps": [{"name": n, "ns": ns} for n, ns in stamps]}]
         if trace.tensors:
             entries += trace.inputs
             if response is not None and response.error is None:
@@ -232,36 +290,69 @@ class Tracer:
     # ---- OpenTelemetry ---------------------------------------------------------------------
 
     def _export_span(self, trace: RequestTrace, stamps: list[tuple[str, int]]) -> None:
-        if self._otel is None:
-            self._otel = _OtelExporter(self._otel_settings)
-        self._otel.export(trace, stamps)
+        if self._otel is None or trace.span is None:  # the span started with the trace (sample)
+            return
+        self._otel.finish(trace, stamps)
         self.written += 1
 
 
 class _OtelExporter:
-    """One span per traced request, exported with OTLP/HTTP through a batch span processor."""
+    """One span per traced request, exported with OTLP/HTTP through a batch span processor
+    (``bsp_*`` settings, Triton's names; the SDK's defaults and ``OTEL_BSP_*`` variables for
+    those not given). Every span is recorded (the client's sampled flag does not drop one:
+    Triton records every request with a propagated context)."""
 
     def __init__(self, settings: dict[str, str]) -> None:
+        from opentelemetry import trace as otel_trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource  # type: ignore[import-not-found]
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor  # type: ignore[import-not-found]
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON  # type: ignore[import-not-found]
 
         attrs = {"service.name": "triton-inference-server"}
         for item in filter(None, settings.get("resource", "").split(",")):
             k, _, v = item.partition("=")
             attrs[k] = v
-        self.provider = TracerProvider(resource=Resource.create(attrs))
-        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
-            endpoint=settings.get("url", "http://localhost:4318/v1/traces"))))
+        self.provider = TracerProvider(resource=Resource.create(attrs), sampler=ALWAYS_ON)
+        bsp = {arg: int(settings[key]) for key, arg in BSP_ARGUMENTS.items() if key in settings}
+        self.processor = BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=settings.get("url", "http://localhost:4318/v1/traces")),
+            max_queue_size=bsp.get("max_queue_size"), schedule_delay_millis=bsp.get("schedule_delay_millis"),
+            max_export_batch_size=bsp.get("max_export_batch_size"))
+        self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer("trident")
+        self.api = otel_trace
         self.offset = time.time_ns() - time.monotonic_ns()  # monotonic -> epoch ns
 
-    def export(self, trace: RequestTrace, stamps: list[tuple[str, int]]) -> None:
-        span = self.tracer.start_span("InferRequest", start_time=stamps[0][1] + self.offset, attributes={
+    def _remote(self, context: TraceParent) -> Any:
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+        state = TraceState.from_header([context.tracestate]) if context.tracestate else None
+        span = NonRecordingSpan(SpanContext(int(context.trace_id, 16), int(context.span_id, 16), is_remote=True,
+                                            trace_flags=TraceFlags(context.flags & 0xFF), trace_state=state))
+        return self.api.set_span_in_context(span)
+
+    def start(self, trace: RequestTrace, parent: RequestTrace | None, context: TraceParent | None,
+              start_ns: int) -> None:
+        """Start ``trace``'s span at ``start_ns`` (monotonic): a child of ``parent``'s span, of
+        the client's ``context``, or a new trace's root; sets ``trace.span`` and ``trace.trace_id``."""
+        if parent is not None and parent.span is not None:
+            ctx = self.api.set_span_in_context(parent.span)
+        elif context is not None:
+            ctx = self._remote(context)
+        else:
+            ctx = None
+        trace.span = self.tracer.start_span("InferRequest", context=ctx, start_time=start_ns + self.offset,
+                                            attributes={
             "triton.model_name": trace.model_name, "triton.model_version": trace.model_version,
             "triton.trace_id": trace.id, "triton.request_id": trace.request_id,
             "triton.parent_id": trace.parent_id})
+        trace.trace_id = f"{trace.span.get_span_context().trace_id:032x}"
+
+    def finish(self, trace: RequestTrace, stamps: list[tuple[str, int]]) -> None:
+        """End ``trace``'s span with its timestamps as events (the processor exports it)."""
+        span = trace.span
         for name, ns in stamps:
             span.add_event(name, timestamp=ns + self.offset)
         span.end(end_time=stamps[-1][1] + self.offset)

@@ -16,6 +16,10 @@ URL forms (Triton's):
   default account); ``STORAGE_EMULATOR_HOST`` points at an emulator (anonymous access).
 - ``as://account/container/prefix``: the key from ``AZURE_STORAGE_KEY`` (Triton's), or a
   connection string in ``AZURE_STORAGE_CONNECTION_STRING``; else the default Azure credential.
+
+A download logs what it fetches (objects, bytes), its progress at most every
+``TRIDENT_LOAD_PROGRESS_SECS`` seconds (5 by default) while it runs, and its time and rate
+when it ends (:class:`DownloadProgress`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import os
 import re
 import shutil
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -42,6 +48,93 @@ _S3_ENDPOINT = re.compile(r"s3://(?:(https?)://)?([A-Za-z0-9.\-]+):([0-9]+)/(.+)
 _PROTOCOLS = {"s3": ("s3", "s3fs", "s3"), "gs": ("gcs", "gcsfs", "gcs"), "as": ("abfs", "adlfs", "azure")}
 
 Fingerprint = tuple[tuple[str, int, str], ...]
+
+PROGRESS_ENV = "TRIDENT_LOAD_PROGRESS_SECS"
+PROGRESS_SECS = 5.0  # a download in progress is reported at most this often
+
+
+def progress_interval(env: dict[str, str] | None = None) -> float:
+    """Seconds between a download's progress lines: ``TRIDENT_LOAD_PROGRESS_SECS`` (a positive
+    number), else 5; a value that is not one is logged and the default used."""
+    raw = (os.environ if env is None else env).get(PROGRESS_ENV, "").strip()
+    if not raw:
+        return PROGRESS_SECS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        log.warning("ignoring %s=%r: expected a positive number of seconds; using %g", PROGRESS_ENV, raw,
+                    PROGRESS_SECS)
+        return PROGRESS_SECS
+    return value
+
+
+def describe_size(size: int) -> str:
+    """``12582912`` as ``12.0 MiB`` (bytes below 1 KiB as such)."""
+    value = float(size)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{size} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} bytes"  # unreachable
+
+
+class DownloadProgress:
+    """The bytes downloaded for one model, logged at most every ``every`` seconds (from the
+    thread that downloads: :meth:`add` is called as bytes arrive)."""
+
+    def __init__(self, name: str, total: int, every: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.total = total
+        self.every = every
+        self.done = 0
+        self._clock = clock
+        self.started = self._last = clock()
+        self.lines = 0  # progress lines written
+
+    def add(self, count: int) -> None:
+        """``count`` more bytes arrived; a progress line when ``every`` seconds passed since the last."""
+        if count <= 0:
+            return
+        self.done += count
+        now = self._clock()
+        if now - self._last >= self.every and self.done < self.total:
+            self._last = now
+            self.lines += 1
+            percent = 100 * self.done // self.total if self.total else 100
+            log.info("downloading '%s': %s of %s (%d%%) in %.1f s", self.name, describe_size(self.done),
+                     describe_size(self.total), percent, now - self.started)
+
+    def finished(self, objects: int) -> None:
+        """The last line: what was downloaded, the time and the rate."""
+        elapsed = self._clock() - self.started
+        rate = describe_size(int(self.done / elapsed)) + "/s" if elapsed > 0 else "-"
+        log.info("downloaded '%s': %d object(s), %s in %.3f s (%s)", self.name, objects, describe_size(self.done),
+                 elapsed, rate)
+
+    def callback(self, size: int) -> Any:
+        """An fsspec callback for one object of ``size`` bytes that forwards its progress here;
+        its ``rest()`` counts what the store did not report (a store that reports nothing)."""
+        from fsspec.callbacks import Callback
+
+        progress = self
+
+        class Forward(Callback):  # type: ignore[misc]
+            seen = 0
+
+            def call(self, *args: Any, **kwargs: Any) -> None:
+                value = int(self.value or 0)
+                if value > self.seen:
+                    progress.add(value - self.seen)
+                    self.seen = value
+
+            def rest(self) -> None:
+                if size > self.seen:
+                    progress.add(size - self.seen)
+                    self.seen = size
+
+        return Forward()
 
 
 #: Triton's variables naming the folder that local copies go in, by URL scheme
@@ -200,12 +293,18 @@ class CloudRepository:
         parent = Path(tempfile.mkdtemp(prefix=f"{name[:40]}-", dir=self.cache))
         folder = parent / name
         fs = self._filesystem()
+        log.info("downloading '%s' from %s/%s: %d object(s), %s", name, self.url.rstrip("/"), name, len(objects),
+                 describe_size(total))
+        progress = DownloadProgress(name, total, progress_interval())
         try:
             folder.mkdir()
-            for rel in objects:
+            for rel, info in objects.items():
                 target = folder.joinpath(*PurePosixPath(rel).parts)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                fs.get_file(f"{self.location.root}/{name}/{rel}", str(target))
+                callback = progress.callback(int(info.get("size") or 0))
+                fs.get_file(f"{self.location.root}/{name}/{rel}", str(target), callback=callback)
+                callback.rest()
+            progress.finished(len(objects))
         except BaseException as e:
             shutil.rmtree(parent, ignore_errors=True)
             if isinstance(e, Exception):

@@ -33,6 +33,7 @@ from trident.backends.metrics import COUNTER, GAUGE, HISTOGRAM, MetricError
 from trident.backends.python import _convert, pb_utils
 from trident.backends.python.isolated import channel as wire
 from trident.errors import Code, TritonError, internal
+from trident.observability.logs import SERVING_KEY, ModelCall
 from trident.types import InferenceRequest, InferenceResponse
 
 _END = object()
@@ -208,9 +209,11 @@ class ChildRuntime(pb_utils._Runtime):
         arrays: list[np.ndarray] = []
         meta = wire.request_to_wire(converted, arrays)
         parent_ids = [p.rid for p in parents if isinstance(p, ChildRequest)]
+        named = request.trace()._source  # trace=request.trace(): the request whose trace it continues
+        trace_rid = named.rid if isinstance(named, ChildRequest) else None
         process.streams[call_id] = stream
         try:
-            process.channel.send(("bls", call_id, meta, decoupled, parent_ids), arrays)
+            process.channel.send(("bls", call_id, meta, decoupled, parent_ids, trace_rid), arrays)
         except wire.ChannelClosed:
             stream.queue.put(InferenceResponse(error=TritonError(Code.UNAVAILABLE, "the server is gone")))
             stream.queue.put(_END)
@@ -230,13 +233,23 @@ class ChildRuntime(pb_utils._Runtime):
 
 
 class _ForwardLogs(logging.Handler):
+    """Sends the model's log records to the server, which writes them in its own format:
+    ``("log", level, message, (path, line, function), requests, exception text)``, requests
+    being the (rid, id) of the requests of the call that logged it (pb_utils.Logger), or None."""
+
     def __init__(self, process: ModelProcess) -> None:
         super().__init__()
         self._process = process
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self._process.notify(("log", record.levelno, record.getMessage()))
+            call = record.__dict__.get(SERVING_KEY)
+            requests = None
+            if isinstance(call, ModelCall):
+                requests = [(getattr(r, "rid", None), str(getattr(r, "id", "") or "")) for r in call.requests]
+            exc_text = logging.Formatter().formatException(record.exc_info) if record.exc_info else None
+            self._process.notify(("log", record.levelno, record.getMessage(),
+                                  (record.pathname, record.lineno, record.funcName), requests, exc_text))
         except Exception:  # logging must never raise into model code
             pass
 

@@ -22,9 +22,10 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from trident.backends.python import pb_utils
 from trident.backends.python._execution import ExecutionOptions, InstanceIdentity
 from trident.backends.python.isolated import channel as wire
 from trident.errors import Code, TritonError, internal
+from trident.observability.logs import SERVING_KEY, ModelCall
 from trident.types import InferenceRequest, InferenceResponse
 
 log = logging.getLogger("trident.backends.python.isolated")
@@ -89,6 +91,38 @@ class _Process:
         return self.popen.pid
 
 
+class _Finished(NamedTuple):
+    """A request a model process logged for that is no longer in flight here: its id only."""
+
+    id: str
+    trace: Any = None
+
+
+def relay_log(message: tuple[Any, ...], model: tuple[str, str] | None = None,
+              requests: Callable[[list[tuple[Any, str]]], list[Any]] | None = None) -> None:
+    """Write a model process's log line (``("log", level, message[, (path, line, function),
+    requests, exception text])``, see the child's ``_ForwardLogs``) through the ``trident.model``
+    logger: with the model's source file and line, and naming ``model`` and the requests
+    (``requests`` maps the child's (rid, id) pairs to the server's requests)."""
+    level, text = int(message[1]), str(message[2])
+    if not model_log.isEnabledFor(level):
+        return
+    where = message[3] if len(message) > 3 and message[3] else None
+    sent = message[4] if len(message) > 4 else None
+    extra: dict[str, Any] = {}
+    if sent is not None and model is not None:
+        found = requests(sent) if requests is not None else [_Finished(rid_id[1]) for rid_id in sent]
+        extra[SERVING_KEY] = ModelCall(model[0], model[1], found)
+    if where is None:
+        model_log.log(level, "%s", text, extra=extra)
+        return
+    record = model_log.makeRecord(model_log.name, level, str(where[0]), int(where[1]), "%s", (text,), None,
+                                  str(where[2]), extra)
+    if len(message) > 5 and message[5]:
+        record.exc_text = str(message[5])
+    model_log.handle(record)
+
+
 def spawn(options: ExecutionOptions) -> _Process:
     """Start a model process (it waits for its first message). Raises OSError."""
     parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -120,7 +154,7 @@ def auto_complete_in_process(model_file: Path, name: str, current: dict[str, Any
         got = process.channel.recv()
         while got is not None and got[0][0] != "completed":  # e.g. forwarded log lines
             if got[0][0] == "log":
-                model_log.log(got[0][1], "%s", got[0][2])
+                relay_log(got[0])
             got = process.channel.recv()
         if got is None:
             code = process.popen.wait(10)
@@ -338,7 +372,7 @@ class IsolatedInstance(ModelInstance):
             if waiter is not None:
                 waiter.set(message[1])
         elif kind == "log":
-            model_log.log(message[1], "%s", message[2])
+            relay_log(message, (self.identity.model_name, str(self.identity.version)), self._logged_requests)
         elif kind == "metric":
             entry = process.series.get(message[1])
             if entry is not None:
@@ -414,16 +448,24 @@ class IsolatedInstance(ModelInstance):
             return
         self._reply(process, call_id, True, value)
 
+    def _logged_requests(self, sent: list[tuple[Any, str]]) -> list[Any]:
+        """The requests a model process's log line names ((rid, id) pairs): those in flight
+        here (with their traces), else their ids."""
+        with self._lock:
+            return [self._inflight.get(rid) or _Finished(rid_id) for rid, rid_id in sent]
+
     def _serve_bls(self, process: _Process, message: Any, arrays: list[np.ndarray]) -> None:
-        _, call_id, meta, decoupled, parent_ids = message
+        _, call_id, meta, decoupled, parent_ids, *rest = message
         try:
             if self._runtime is None:
                 raise TritonError(Code.UNSUPPORTED, "BLS is only available to models loaded by a trident server")
-            from trident.backends.python._runtime import BlsCall
+            from trident.backends.python._runtime import BlsCall, bls_trace
 
             with self._lock:
                 parents = [self._inflight[rid] for rid in parent_ids if rid in self._inflight]
+                named = self._inflight.get(rest[0]) if rest and rest[0] is not None else None
             request = wire.request_from_wire(meta, arrays)
+            request.trace = bls_trace(parents, named)
             call = BlsCall(self._server, self._runtime.token, request, decoupled, parents, convert=lambda r: r,
                            threads=self._threads)
             process.bls[call_id] = call

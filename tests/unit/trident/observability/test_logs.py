@@ -22,7 +22,9 @@ def test_settings_update_and_validation():
     assert set(s.as_dict()) == {"log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format"}
     out = s.update({"log_info": False, "log_verbose_level": 2, "log_format": "ISO8601"})
     assert out["log_info"] is False and out["log_verbose_level"] == 2 and out["log_format"] == "ISO8601"
-    for bad in ({"log_info": "yes"}, {"log_verbose_level": -1}, {"log_format": "json"}, {"x": 1}):
+    assert s.update({"log_format": "json"})["log_format"] == "json"
+    for bad in ({"log_info": "yes"}, {"log_verbose_level": -1}, {"log_format": "JSON"}, {"log_format": "xml"},
+                {"x": 1}):
         with pytest.raises(TritonError) as e:
             s.update(bad)
         assert e.value.code.name == "INVALID_ARG"
