@@ -85,21 +85,40 @@ def _flag(args: list[str], name: str) -> str | None:
     return None
 
 
+#: the objects every kustomize variant renders; a Helm render may leave out the optional ones
+#: (values that disable them), but never the Deployment and Service
+REQUIRED_KINDS = ("Deployment", "Service")
+OPTIONAL_KINDS = ("PodDisruptionBudget", "ServiceMonitor", "HorizontalPodAutoscaler", "NetworkPolicy")
+
+
 def check_variant(variant: str, docs: list[dict[str, Any]], findings: Findings) -> None:
+    """A kustomize variant: its own Namespace, every object in it, every kind present."""
     where = f"kubernetes/{variant}"
+    namespaces = [d for d in docs if d["kind"] == "Namespace"]
+    findings.check(len(namespaces) == 1, f"{where}: expected one Namespace")
+    if namespaces:
+        ns = namespaces[0]["metadata"]["name"]
+        findings.check(all(d["metadata"].get("namespace") == ns for d in docs if d["kind"] not in CLUSTER_SCOPED),
+                       f"{where}: objects outside the namespace {ns}")
+    check_rendered(where, docs, findings, gpu=variant == "gpu", kinds=REQUIRED_KINDS + OPTIONAL_KINDS)
+
+
+def check_rendered(where: str, docs: list[dict[str, Any]], findings: Findings, *, gpu: bool,
+                   kinds: tuple[str, ...] = REQUIRED_KINDS, image_repository: bool = False) -> None:
+    """What ties a rendered set together: selectors, named ports, probes, drain timing, security
+    context, scratch volumes, the repository, resources, the HPA's metrics against the adapter's
+    rules. ``kinds`` must each be there once; the optional kinds are checked when present.
+    ``image_repository``: the repository may be the image's own /models (no volume)."""
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for d in docs:
         by_kind.setdefault(d["kind"], []).append(d)
     names = [(d["kind"], d["metadata"]["name"]) for d in docs]
     findings.check(len(names) == len(set(names)), f"{where}: duplicate objects {names}")
-    for kind in ("Namespace", "Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor",
-                 "HorizontalPodAutoscaler", "NetworkPolicy"):
-        findings.check(len(by_kind.get(kind, [])) == 1, f"{where}: expected one {kind}")
-    if findings:
+    for kind in (*kinds, *OPTIONAL_KINDS):
+        count = len(by_kind.get(kind, []))
+        findings.check(count == 1 if kind in kinds else count <= 1, f"{where}: expected one {kind}, found {count}")
+    if any(f.startswith(f"{where}:") for f in findings):
         return
-    ns = by_kind["Namespace"][0]["metadata"]["name"]
-    findings.check(all(d["metadata"].get("namespace") == ns for d in docs if d["kind"] not in CLUSTER_SCOPED),
-                   f"{where}: objects outside the namespace {ns}")
     dep = by_kind["Deployment"][0]
     pod = dep["spec"]["template"]
     labels = pod["metadata"]["labels"]
@@ -111,30 +130,38 @@ def check_variant(variant: str, docs: list[dict[str, Any]], findings: Findings) 
     selects(dep["spec"]["selector"]["matchLabels"], "Deployment")
     svc = by_kind["Service"][0]
     selects(svc["spec"]["selector"], "Service")
-    selects(by_kind["PodDisruptionBudget"][0]["spec"]["selector"]["matchLabels"], "PodDisruptionBudget")
-    selects(by_kind["NetworkPolicy"][0]["spec"]["podSelector"]["matchLabels"], "NetworkPolicy")
-    mon = by_kind["ServiceMonitor"][0]
-    svc_labels = svc["metadata"]["labels"]
-    findings.check(all(svc_labels.get(k) == v for k, v in mon["spec"]["selector"]["matchLabels"].items()),
-                   f"{where}: the ServiceMonitor does not select the Service")
+    if "PodDisruptionBudget" in by_kind:
+        selects(by_kind["PodDisruptionBudget"][0]["spec"]["selector"]["matchLabels"], "PodDisruptionBudget")
+    if "NetworkPolicy" in by_kind:
+        selects(by_kind["NetworkPolicy"][0]["spec"]["podSelector"]["matchLabels"], "NetworkPolicy")
     (c,) = pod["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     for p in svc["spec"]["ports"]:
         findings.check(p["targetPort"] in ports, f"{where}: Service port {p['name']} targets unknown {p['targetPort']}")
+    for flag, name in (("--http-port", "http"), ("--grpc-port", "grpc"), ("--metrics-port", "metrics")):
+        value = _flag(c["args"], flag)
+        findings.check(value is None or int(value) == ports.get(name), f"{where}: {flag}={value} but port {name} is {ports.get(name)}")
     grpc = next(p for p in svc["spec"]["ports"] if p["name"] == "grpc")
     findings.check(grpc.get("appProtocol") == "kubernetes.io/h2c", f"{where}: the gRPC port needs appProtocol h2c")
     svc_ports = {p["name"] for p in svc["spec"]["ports"]}
-    for e in mon["spec"]["endpoints"]:
-        findings.check(e["port"] in svc_ports, f"{where}: ServiceMonitor port {e['port']} is not a Service port")
-    allowed = {p["port"] for rule in by_kind["NetworkPolicy"][0]["spec"]["ingress"] for p in rule["ports"]}
-    findings.check(set(ports.values()) <= allowed, f"{where}: the NetworkPolicy blocks some of {ports}")
+    if "ServiceMonitor" in by_kind:
+        mon = by_kind["ServiceMonitor"][0]
+        svc_labels = svc["metadata"]["labels"]
+        findings.check(all(svc_labels.get(k) == v for k, v in mon["spec"]["selector"]["matchLabels"].items()),
+                       f"{where}: the ServiceMonitor does not select the Service")
+        for e in mon["spec"]["endpoints"]:
+            findings.check(e["port"] in svc_ports, f"{where}: ServiceMonitor port {e['port']} is not a Service port")
+    if "NetworkPolicy" in by_kind:
+        allowed = {p["port"] for rule in by_kind["NetworkPolicy"][0]["spec"]["ingress"] for p in rule["ports"]}
+        findings.check(set(ports.values()) <= allowed, f"{where}: the NetworkPolicy blocks some of {ports}")
     probes = {name: c.get(name) for name in ("startupProbe", "readinessProbe", "livenessProbe")}
     for name, probe in probes.items():
         findings.check(probe is not None and probe["httpGet"]["port"] in ports, f"{where}: {name} missing or on an unknown port")
-    if not findings:
+    if not any(f.startswith(f"{where}:") for f in findings):
         findings.check(probes["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready", f"{where}: readiness path")
         findings.check(probes["livenessProbe"]["httpGet"]["path"] == "/v2/health/live", f"{where}: liveness path")
         startup = probes["startupProbe"]
+        findings.check(startup["httpGet"]["path"] == "/v2/health/ready", f"{where}: startup path")
         findings.check(startup["periodSeconds"] * startup["failureThreshold"] >= 300,
                        f"{where}: the startup probe allows less than 5 minutes for model loads")
     exit_timeout = float(_flag(c["args"], "--exit-timeout-secs") or 30)
@@ -142,32 +169,47 @@ def check_variant(variant: str, docs: list[dict[str, Any]], findings: Findings) 
     grace = pod["spec"]["terminationGracePeriodSeconds"]
     findings.check(grace > exit_timeout + float(pre_stop[-1]),
                    f"{where}: terminationGracePeriodSeconds {grace} <= preStop + --exit-timeout-secs")
-    sc = {**pod["spec"].get("securityContext", {}), **c.get("securityContext", {})}
-    findings.check(sc.get("runAsNonRoot") is True and sc.get("runAsUser", 0) > 0, f"{where}: not non-root")
-    findings.check(sc.get("readOnlyRootFilesystem") is True, f"{where}: root file system writable")
-    findings.check(sc.get("allowPrivilegeEscalation") is False and sc.get("capabilities", {}).get("drop") == ["ALL"],
-                   f"{where}: privilege escalation or capabilities left")
+    findings.check(pod["spec"].get("automountServiceAccountToken") is False, f"{where}: a service account token is mounted")
+    for container in [*pod["spec"].get("initContainers", []), c]:
+        sc = {**pod["spec"].get("securityContext", {}), **container.get("securityContext", {})}
+        name = container["name"]
+        findings.check(sc.get("runAsNonRoot") is True and sc.get("runAsUser", 0) > 0, f"{where}: {name} not non-root")
+        findings.check(sc.get("readOnlyRootFilesystem") is True, f"{where}: {name}'s root file system writable")
+        findings.check(sc.get("allowPrivilegeEscalation") is False and sc.get("capabilities", {}).get("drop") == ["ALL"],
+                       f"{where}: {name} keeps privilege escalation or capabilities")
+        findings.check(sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{where}: {name} without RuntimeDefault seccomp")
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    findings.check("/tmp" in mounts and "emptyDir" in volumes.get(mounts["/tmp"], {}), f"{where}: /tmp is not an emptyDir")
+    for path in ("/tmp", "/home/trident"):
+        findings.check(path in mounts and "emptyDir" in volumes.get(mounts[path], {}), f"{where}: {path} is not an emptyDir")
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    findings.check(env.get("HOME", "/home/trident") in mounts, f"{where}: HOME {env.get('HOME')} is not a mounted volume")
     findings.check(all(name in volumes for name in mounts.values()), f"{where}: a mount names no volume")
     repo = _flag(c["args"], "--model-repository") or ""
-    findings.check(repo.startswith("s3://") or "/models" in mounts, f"{where}: no model repository")
+    findings.check(repo.startswith("s3://") or repo in mounts or (image_repository and repo == "/models"),
+                   f"{where}: no model repository ({repo} is neither s3:// nor a mounted volume)")
+    if repo in mounts:
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == repo)
+        findings.check(mount.get("readOnly") is True, f"{where}: trident's repository volume is writable")
     res = c["resources"]
     findings.check({"cpu", "memory"} <= set(res.get("requests", {})) and {"cpu", "memory"} <= set(res.get("limits", {})),
                    f"{where}: cpu/memory requests and limits")
     gpus = res.get("limits", {}).get("nvidia.com/gpu")
-    findings.check((gpus is not None) == (variant == "gpu"), f"{where}: nvidia.com/gpu {'missing' if variant == 'gpu' else 'set'}")
-    hpa = by_kind["HorizontalPodAutoscaler"][0]["spec"]
-    target = hpa["scaleTargetRef"]
-    findings.check(target["kind"] == "Deployment" and target["name"] == dep["metadata"]["name"],
-                   f"{where}: the HPA scales {target}, not the Deployment")
-    metrics = [m["pods"]["metric"]["name"] for m in hpa["metrics"] if m["type"] == "Pods"]
-    adapter = yaml.safe_load((ROOT / "prometheus-adapter" / "values.yaml").read_text())
-    served = {r["name"]["as"] for r in adapter["rules"]["custom"]}
-    findings.check(bool(metrics) and set(metrics) <= served, f"{where}: HPA metrics {metrics} not served by the adapter {served}")
-    pdb = by_kind["PodDisruptionBudget"][0]["spec"]
-    findings.check(hpa["minReplicas"] > pdb.get("maxUnavailable", 0), f"{where}: the PDB allows every replica down")
+    findings.check((gpus is not None) == gpu, f"{where}: nvidia.com/gpu {'missing' if gpu else 'set'}")
+    if "HorizontalPodAutoscaler" in by_kind:
+        hpa = by_kind["HorizontalPodAutoscaler"][0]["spec"]
+        target = hpa["scaleTargetRef"]
+        findings.check(target["kind"] == "Deployment" and target["name"] == dep["metadata"]["name"],
+                       f"{where}: the HPA scales {target}, not the Deployment")
+        metrics = [m["pods"]["metric"]["name"] for m in hpa["metrics"] if m["type"] == "Pods"]
+        adapter = yaml.safe_load((ROOT / "prometheus-adapter" / "values.yaml").read_text())
+        served = {r["name"]["as"] for r in adapter["rules"]["custom"]}
+        findings.check(bool(metrics) and set(metrics) <= served, f"{where}: HPA metrics {metrics} not served by the adapter {served}")
+        if "PodDisruptionBudget" in by_kind:
+            pdb = by_kind["PodDisruptionBudget"][0]["spec"]
+            findings.check(hpa["minReplicas"] > pdb.get("maxUnavailable", 0), f"{where}: the PDB allows every replica down")
+        findings.check("replicas" not in dep["spec"] or dep["spec"]["replicas"] >= hpa["minReplicas"],
+                       f"{where}: the Deployment's replicas are below the HPA's minimum")
 
 
 # -- 2. KServe custom resources against the SDK's models ----------------------------------------

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The containers step of .ci/run (about 5-6 minutes on 2 busy cores, fresh):
-#   1. containers/lint.sh, always (hadolint, kubernetes-validate --strict, check_manifests.py, checkov)
+#   1. containers/lint.sh, always (hadolint, check_manifests.py, the Helm chart's helm lint and
+#      helm template per values file, kubernetes-validate --strict, the CRD schema check, checkov)
 #   2. when podman can run a container here: the local Debian base, the CPU image, Dockerfile.gpu
 #      built on that base (the GPU install check), and the in-container smoke tests against both.
 #      When it cannot (no podman, no mmdebstrap, not root, no container runtime), step 2 prints
