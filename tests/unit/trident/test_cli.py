@@ -191,6 +191,11 @@ VALUE_FORMS = [
                                   "opentelemetry,resource=service.name=trident"]),
     (["--trace-level=tensors", "--trace-level=timestamps"], lambda o: o.trace_config == ["level=TENSORS",
                                                                                            "level=TIMESTAMPS"]),
+    (["--trace-level=MAX"], lambda o: o.trace_config == ["level=TIMESTAMPS"]),
+    (["--model-control-mode=explicit", "--load-model=*"], lambda o: o.load_models == ["*"]),
+    (["--model-load-retry-count=2", "--model-namespacing=true", "--buffer-manager-thread-count=0",
+      "--pinned-memory-pool-byte-size=268435456", "--http-thread-count=8", "--grpc-infer-allocation-pool-size=8"],
+     lambda o: len(o.ignored_flags) == 6),
     # ignored flags: each form tritonserver documents
     (["--host-policy=gpu0,numa-node=0", "--host-policy=gpu0,cpu-cores=0-3"], lambda o: len(o.ignored_flags) == 2),
     (["--model-load-gpu-limit=0:0.5"], lambda o: o.ignored_flags[0][:2] == ("--model-load-gpu-limit", "0:0.5")),
