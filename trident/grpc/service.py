@@ -167,7 +167,7 @@ class InferenceService:
 
     async def model_statistics(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.ModelStatisticsRequest, data)
-        stats = self.server.model_statistics(request.name, request.version)
+        stats = await self.server.statistics(request.name, request.version)
         return _reply(grpc_messages.statistics(stats))
 
     # ---- repository -----------------------------------------------------------------------
@@ -217,12 +217,13 @@ class InferenceService:
 
     async def system_shm_register(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.SystemSharedMemoryRegisterRequest, data)
-        self.server.shared_memory.register_system(request.name, request.key, request.offset, request.byte_size)
+        await self.server.register_system_shared_memory(request.name, request.key, request.offset,
+                                                        request.byte_size)
         return _reply(pb.SystemSharedMemoryRegisterResponse())
 
     async def system_shm_unregister(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.SystemSharedMemoryUnregisterRequest, data)
-        self.server.shared_memory.unregister_system(request.name)
+        await self.server.unregister_shared_memory("system", request.name)
         return _reply(pb.SystemSharedMemoryUnregisterResponse())
 
     async def cuda_shm_status(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
@@ -233,14 +234,13 @@ class InferenceService:
 
     async def cuda_shm_register(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.CudaSharedMemoryRegisterRequest, data)
-        # in a worker thread: opening a handle starts CUDA on first use (seconds)
-        await trio.to_thread.run_sync(self.server.shared_memory.register_cuda, request.name, request.raw_handle,
-                                      request.device_id, request.byte_size)
+        await self.server.register_cuda_shared_memory(request.name, request.raw_handle, request.device_id,
+                                                      request.byte_size)
         return _reply(pb.CudaSharedMemoryRegisterResponse())
 
     async def cuda_shm_unregister(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.CudaSharedMemoryUnregisterRequest, data)
-        self.server.shared_memory.unregister_cuda(request.name)
+        await self.server.unregister_shared_memory("cuda", request.name)
         return _reply(pb.CudaSharedMemoryUnregisterResponse())
 
     # ---- settings -------------------------------------------------------------------------
@@ -248,14 +248,14 @@ class InferenceService:
     async def log_settings(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.LogSettingsRequest, data)
         changes = {key: betterproto2.which_one_of(v, "parameter_choice")[1] for key, v in request.settings.items()}
-        current = self.server.update_log_settings(changes) if changes else self.server.log_settings()
+        current = await self.server.change_log_settings(changes) if changes else self.server.log_settings()
         return _reply(pb.LogSettingsResponse(settings={k: _log_value(v) for k, v in current.items()}))
 
     async def trace_setting(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.TraceSettingRequest, data)
         changes = {key: (list(v.value) or None) for key, v in request.settings.items()}
         if changes:
-            current = self.server.update_trace_settings(request.model_name, changes)
+            current = await self.server.change_trace_settings(request.model_name, changes)
         else:
             current = self.server.trace_settings(request.model_name)
         return _reply(pb.TraceSettingResponse(settings={

@@ -257,9 +257,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
         elif kind == "stats":
             if method != "GET":
                 raise _NOT_ALLOWED
-            await _send_json(
-                send, kserve.statistics_json(server.model_statistics(name, version))
-            )
+            await _send_json(send, kserve.statistics_json(await server.statistics(name, version)))
         elif kind == "trace/setting":
             if version:  # Triton has no versioned trace settings: the path falls through to 404
                 raise _NOT_FOUND
@@ -278,7 +276,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
             await _send_json(send, server.trace_settings(model))
         elif method == "POST":
             settings = await _read_json_object(scope, receive, limit, required=True)
-            await _send_json(send, server.update_trace_settings(model, settings))
+            await _send_json(send, await server.change_trace_settings(model, settings))
         else:
             raise _NOT_ALLOWED
 
@@ -287,7 +285,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
             await _send_json(send, server.log_settings())
         elif method == "POST":
             settings = await _read_json_object(scope, receive, limit, required=True)
-            await _send_json(send, server.update_log_settings(settings))
+            await _send_json(send, await server.change_log_settings(settings))
         else:
             raise _NOT_ALLOWED
 
@@ -301,10 +299,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
             return
         if action == "unregister":
             await _read_body(scope, receive, limit)
-            if kind == "system":
-                registry.unregister_system(region)
-            else:
-                registry.unregister_cuda(region)
+            await server.unregister_shared_memory(kind, region)
             await _send_empty(send, 200)
             return
         doc = await _read_json_object(scope, receive, limit, required=True)
@@ -312,7 +307,8 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
             key = doc.get("key")
             if not isinstance(key, str):
                 raise invalid_arg("Shared memory register request needs a string 'key'")
-            registry.register_system(region, key, _int_field(doc, "offset", 0), _int_field(doc, "byte_size"))
+            await server.register_system_shared_memory(region, key, _int_field(doc, "offset", 0),
+                                                       _int_field(doc, "byte_size"))
         else:
             handle = doc.get("raw_handle")
             b64 = handle.get("b64") if isinstance(handle, dict) else None
@@ -322,9 +318,8 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
                 raw = None
             if raw is None:
                 raise invalid_arg("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
-            # in a worker thread: opening a handle starts CUDA on first use (seconds)
-            await trio.to_thread.run_sync(registry.register_cuda, region, raw, _int_field(doc, "device_id", 0),
-                                          _int_field(doc, "byte_size"))
+            await server.register_cuda_shared_memory(region, raw, _int_field(doc, "device_id", 0),
+                                                     _int_field(doc, "byte_size"))
         await _send_empty(send, 200)
 
     async def repository_route(
@@ -376,7 +371,7 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
                     check_restricted(scope, "statistics")
                 if method != "GET":
                     raise _NOT_ALLOWED
-                await _send_json(send, kserve.statistics_json(server.model_statistics()))
+                await _send_json(send, kserve.statistics_json(await server.statistics()))
                 return
             match = _MODEL_RE.fullmatch(path)
             if match is not None:

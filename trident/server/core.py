@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 import trio
 
@@ -57,6 +57,22 @@ EXTENSIONS = [
 SendResponse = Callable[[InferenceResponse], Awaitable[None]]
 
 
+class ClusterLink(Protocol):
+    """What a worker's server asks of its supervisor (trident.cluster.worker implements it)."""
+
+    ready: bool
+
+    async def load(self, name: str, config: str | None, files: dict[str, bytes] | None) -> None: ...
+
+    async def unload(self, name: str, unload_dependents: bool) -> None: ...
+
+    async def statistics(self, name: str, version: str) -> list[ModelStatistics]: ...
+
+    async def call_all(self, op: str, **fields: Any) -> None: ...
+
+    async def call_first(self, op: str, **fields: Any) -> dict[str, Any]: ...
+
+
 class Server:
     """What a Triton server answers, independent of the wire."""
 
@@ -76,6 +92,10 @@ class Server:
         self.loading = False
         self._repository_nursery = repository_nursery
         self._inflight = InFlight()
+        #: the link to the supervisor when this server is a worker of ``--workers`` (None: alone).
+        #: Control operations (load/unload, settings, shared-memory registrations, statistics)
+        #: then go through it, so that every worker applies them and answers alike.
+        self.cluster: ClusterLink | None = None
 
     # ---- health and metadata --------------------------------------------------------------
 
@@ -85,6 +105,8 @@ class Server:
     def is_ready(self) -> bool:
         if self.stopping or self.loading:
             return False
+        if self.cluster is not None and not self.cluster.ready:
+            return False  # every worker must be ready (design: readiness is their conjunction)
         return self.repository.all_ready() if self.options.strict_readiness else True
 
     def metadata(self) -> ServerMetadata:
@@ -160,18 +182,70 @@ class Server:
             raise invalid_arg(f"requested model '{name}' is not available")
         return [v.stats.snapshot() for v in sorted(ready, key=lambda m: m.version)]
 
+    async def statistics(self, name: str = "", version: str = "") -> list[ModelStatistics]:
+        """:meth:`model_statistics`, summed over every worker of ``--workers`` (the statistics
+        extension of both front ends). Raises what :meth:`model_statistics` raises."""
+        if self.cluster is not None:
+            return await self.cluster.statistics(name, version)
+        return self.model_statistics(name, version)
+
     # ---- repository -----------------------------------------------------------------------
 
     def repository_index(self, ready: bool = False) -> list[IndexEntry]:
         return self.repository.index(ready)
 
     async def load_model(self, name: str, config: str | None = None, files: dict[str, bytes] | None = None) -> None:
-        """Load or reload a model (explicit mode). Raises TritonError with the reason."""
+        """Load or reload a model (explicit mode); with ``--workers``, in every worker, answering
+        once all have it ready (or with the first failure, none left half-loaded). Raises
+        TritonError with the reason."""
+        if self.cluster is not None:
+            self.repository.check_load(name, config, files)
+            await self.cluster.load(name, config, files)
+            return
         await self.repository.load(name, config, files)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        """Drain and unload a model (explicit mode). Raises TritonError."""
+        """Drain and unload a model (explicit mode), in every worker. Raises TritonError."""
+        if self.cluster is not None:
+            self.repository.check_unload(name)
+            await self.cluster.unload(name, unload_dependents)
+            return
         await self.repository.unload(name, unload_dependents)
+
+    # ---- client shared memory (trident.server.shared_memory; in every worker) ------------------
+
+    async def register_system_shared_memory(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """Register a system shared-memory region (every worker maps it). Raises TritonError."""
+        if self.cluster is not None:
+            self.shared_memory.check_register(name)
+            await self.cluster.call_all("shm_register_system", name=name, key=key, offset=offset,
+                                        byte_size=byte_size)
+            return
+        self.shared_memory.register_system(name, key, offset, byte_size)
+
+    async def register_cuda_shared_memory(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """Register a CUDA shared-memory region (opened in a worker thread: CUDA starts on first
+        use). Raises TritonError."""
+        if self.cluster is not None:
+            self.shared_memory.check_register(name)
+            from trident.cluster.wire import encode_bytes
+
+            await self.cluster.call_all("shm_register_cuda", name=name, raw_handle=encode_bytes(raw_handle),
+                                        device_id=device_id, byte_size=byte_size)
+            return
+        await trio.to_thread.run_sync(self.shared_memory.register_cuda, name, raw_handle, device_id, byte_size)
+
+    async def unregister_shared_memory(self, kind: str, name: str = "") -> None:
+        """Unregister a ``kind`` ("system" or "cuda") region, or every one of that kind when
+        ``name`` is "". Raises TritonError."""
+        if self.cluster is not None:
+            self.shared_memory.check_allowed()
+            await self.cluster.call_all("shm_unregister", kind=kind, name=name)
+            return
+        if kind == "system":
+            self.shared_memory.unregister_system(name)
+        else:
+            self.shared_memory.unregister_cuda(name)
 
     # ---- inference ------------------------------------------------------------------------
 
@@ -320,6 +394,12 @@ class Server:
     def update_log_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
         return self.logging.update(settings)
 
+    async def change_log_settings(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`update_log_settings` in every worker (the logging extension). Raises TritonError."""
+        if self.cluster is not None:
+            return await self.cluster.call_first("log_settings", settings=settings)
+        return self.update_log_settings(settings)
+
     def trace_settings(self, model: str = "") -> dict[str, Any]:
         if model:
             self._check_model_known(model)
@@ -339,6 +419,17 @@ class Server:
         if "trace_file" in settings and not allow_trace_file:
             raise unsupported("trace file location can not be updated through network protocol")
         return self.tracing.update(model, settings)
+
+    async def change_trace_settings(self, model: str, settings: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`update_trace_settings` (never the trace file) in every worker (the trace
+        extension). Raises TritonError."""
+        if self.cluster is not None:
+            if model:
+                self._check_model_known(model)
+            if "trace_file" in settings:
+                raise unsupported("trace file location can not be updated through network protocol")
+            return await self.cluster.call_first("trace_settings", model=model, settings=settings)
+        return self.update_trace_settings(model, settings)
 
     def _check_model_known(self, model: str) -> None:
         if model not in self.repository.names():

@@ -130,6 +130,20 @@ class SharedMemory:
         if not self.allowed:
             raise unsupported(DISABLED)
 
+    def check_allowed(self) -> None:
+        """Raises TritonError UNSUPPORTED when client shared memory is off."""
+        self._check_allowed()
+
+    def check_register(self, name: str) -> None:
+        """What a registration of ``name`` would be refused for before any object is opened:
+        UNSUPPORTED when client shared memory is off, ALREADY_EXISTS for a name in use (the
+        checks every worker would make alike; the rest are each worker's own)."""
+        self._check_allowed()
+        with self._lock:
+            refusal = self._taken(name)
+        if refusal is not None:
+            raise refusal
+
     # ---- system regions --------------------------------------------------------------------
 
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
