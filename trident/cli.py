@@ -69,6 +69,22 @@ def _port(text: str) -> int:
     return v
 
 
+MAX_WORKERS = 256
+
+
+def _workers(text: str) -> int:
+    """``--workers``: a number from 1 to MAX_WORKERS, or ``auto`` (0: one per usable CPU)."""
+    if text.strip().lower() == "auto":
+        return 0
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of workers or 'auto', got '{text}'") from None
+    if not 1 <= v <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"expected from 1 to {MAX_WORKERS} workers or 'auto', got '{text}'")
+    return v
+
+
 def _busy_poll_us(text: str) -> int:
     v = _positive_int(text)
     if v > MAX_BUSY_POLL_US:
@@ -187,8 +203,6 @@ IGNORED_FLAGS: dict[str, str] = {
     "--grpc-infer-thread-count": "gRPC calls run as tasks on the trio event loop (large decodes and "
                                  "decompression on bounded worker threads); there are no handler threads to size",
     "--grpc-max-response-pool-size": "gRPC responses are not kept in a pool: each is written as it is ready",
-    "--reuse-http-port": "SO_REUSEPORT is not set; run one server per port",
-    "--reuse-grpc-port": "SO_REUSEPORT is not set; run one server per port",
     "--host-policy": "there are no NUMA host policies",
     "--model-load-gpu-limit": "GPU memory is not accounted for at load",
     "--enable-peer-access": "CUDA peer access is left to the frameworks",
@@ -346,6 +360,12 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     g.add_argument("--id", dest="server_id", default=d.server_id, help="server identifier in server metadata")
     g.add_argument("--exit-timeout-secs", type=_clamped_seconds, default=d.exit_timeout_secs,
                    help="on SIGTERM/SIGINT, how long in-flight inferences may take before they are cancelled")
+    g.add_argument("--workers", type=_workers, default=d.workers, metavar="N|auto",
+                   help="serve from N processes that behave as one server (auto: one per CPU this process may "
+                        "use, from its affinity mask and cgroup CPU quota; 1: this process alone; trident)")
+    g.add_argument("--worker-sockets", choices=("per-worker", "shared"), default=d.worker_sockets,
+                   help="how --workers share a port: per-worker (SO_REUSEPORT, one accept queue each, the "
+                        "kernel spreads connections) or shared (one accept queue for all; trident)")
     g.add_argument("--busy-poll-us", type=_busy_poll_us, default=d.busy_poll_us,
                    help="microseconds the event loop polls for the next request before it sleeps, while "
                         "requests keep coming that fast (0: never; at most 10000)")
@@ -385,7 +405,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     _flag(h, "--allow-http", d.allow_http, "serve HTTP")
     h.add_argument("--http-address", default=d.http_address, help="HTTP listen address")
     h.add_argument("--http-port", type=_port, default=d.http_port, help="HTTP port")
-    _ignored(h, "--reuse-http-port")
+    _flag(h, "--reuse-http-port", d.reuse_http_port,
+          "SO_REUSEPORT: other servers that set it too may listen on the same HTTP port (and the OpenAI port)")
     h.add_argument("--http-header-forward-pattern", default=d.http_header_forward_pattern,
                    help="regex of HTTP header names copied into inference request parameters")
     _ignored(h, "--http-thread-count")
@@ -409,7 +430,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     _flag(h, "--allow-grpc", d.allow_grpc, "serve gRPC")
     h.add_argument("--grpc-address", default=d.grpc_address, help="gRPC listen address")
     h.add_argument("--grpc-port", type=_port, default=d.grpc_port, help="gRPC port")
-    _ignored(h, "--reuse-grpc-port")
+    _flag(h, "--reuse-grpc-port", d.reuse_grpc_port,
+          "SO_REUSEPORT: other servers that set it too may listen on the same gRPC port")
     h.add_argument("--grpc-header-forward-pattern", default=d.grpc_header_forward_pattern,
                    help="regex of gRPC metadata keys copied into inference request parameters")
     _ignored(h, "--grpc-infer-thread-count")

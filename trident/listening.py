@@ -9,13 +9,21 @@ coordinated-omission correction turns those few waits into a p99 of ~400 ms at 6
 step instead.
 
 The listeners bind as ``trio.open_tcp_listeners`` does (every address ``host`` resolves to,
-``SO_REUSEADDR``, IPv6 sockets IPv6-only).
+``SO_REUSEADDR``, IPv6 sockets IPv6-only), with ``SO_REUSEPORT`` when asked
+(``--reuse-http-port``, ``--reuse-grpc-port``: several servers share a port, the kernel spreads
+the connections).
+
+A process started by a ``--workers`` supervisor is handed its listening sockets instead (file
+descriptors named by the ``TRIDENT_LISTEN_FDS`` environment variable, as with systemd's socket
+activation): :func:`open_tcp_listeners` serves a port from those when it has them, and binds
+nothing.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 from collections.abc import Callable, Collection
 
@@ -30,6 +38,28 @@ CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENO
 # accept() errors that concern one connection that is already gone: skip it, accept the next
 _SKIP_ERRNOS = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.ENETDOWN, errno.ENOPROTOOPT,
                 errno.EHOSTDOWN, errno.ENONET, errno.EHOSTUNREACH, errno.EOPNOTSUPP, errno.ENETUNREACH}
+
+
+#: the environment variable naming the listening sockets a supervisor handed down ("fd,fd,...")
+LISTEN_FDS_ENV = "TRIDENT_LISTEN_FDS"
+_inherited: dict[int, list[socket.socket]] | None = None
+
+
+def _inherited_sockets() -> dict[int, list[socket.socket]]:
+    """Port -> the listening sockets handed down for it (read once per process)."""
+    global _inherited
+    if _inherited is None:
+        _inherited = {}
+        for text in filter(None, os.environ.get(LISTEN_FDS_ENV, "").split(",")):
+            sock = socket.socket(fileno=int(text))
+            _inherited.setdefault(int(sock.getsockname()[1]), []).append(sock)
+    return _inherited
+
+
+def take_inherited(port: int) -> list[socket.socket]:
+    """The listening sockets handed down for ``port`` (see the module), taken: a second call
+    for the port gets none. Empty when this process was given none for it."""
+    return _inherited_sockets().pop(port, []) if port else []
 
 
 class TcpListener:
@@ -78,10 +108,18 @@ class TcpListener:
             self.socket.close()
 
 
-async def open_tcp_listeners(port: int, *, host: str | None = None, backlog: int = 1024) -> list[TcpListener]:
-    """Listen on ``port`` at every address ``host`` resolves to (None: the IPv4 and IPv6 wildcards).
+async def open_tcp_listeners(port: int, *, host: str | None = None, backlog: int = 1024,
+                             reuse_port: bool = False) -> list[TcpListener]:
+    """Listen on ``port`` at every address ``host`` resolves to (None: the IPv4 and IPv6 wildcards),
+    with ``SO_REUSEPORT`` when ``reuse_port``; a port this process was handed sockets for by its
+    supervisor is served from those (see the module).
 
     Raises OSError when an address cannot be bound (the listeners opened so far are closed)."""
+    handed = take_inherited(port)
+    if handed:
+        for sock in handed:
+            sock.listen(backlog)  # handed down bound: listening starts when this process serves
+        return [TcpListener(sock) for sock in handed]
     addresses = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     listeners: list[TcpListener] = []
     unsupported: list[OSError] = []
@@ -96,6 +134,8 @@ async def open_tcp_listeners(port: int, *, host: str | None = None, backlog: int
                 continue
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if reuse_port:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 if family == socket.AF_INET6:
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 sock.bind(sockaddr)

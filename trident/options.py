@@ -14,6 +14,10 @@ EXAMPLE_REPOSITORY = Path(trident.__file__).parent / "example_repository"
 class ServerOptions:
     model_repositories: list[str] = field(default_factory=lambda: [str(EXAMPLE_REPOSITORY)])
     server_id: str = "triton"
+    # processes serving the repository (trident.cluster; 1: this process alone, 0: one per CPU
+    # this process may use) and how their connections are spread (trident.cluster.sockets)
+    workers: int = 1
+    worker_sockets: str = "per-worker"
     # the event loop polls this long for the next request before it sleeps (0: off; trident's
     # own, see trident.batching.rounds)
     busy_poll_us: int = 100
@@ -23,6 +27,7 @@ class ServerOptions:
     http_port: int = 8000
     http_max_input_size: int = 64 * 1024 * 1024
     http_server: str = "trident"  # trident (trident.http.fastserver) | hypercorn
+    reuse_http_port: bool = False  # SO_REUSEPORT on the HTTP (and OpenAI) listeners
     # trident's own HTTP/1.1 limits (Triton has no flag for these)
     http_max_connections: int = 4096  # open connections; at the limit, accepting pauses
     http_header_timeout_secs: float = 30.0  # a request head must arrive whole within this
@@ -33,6 +38,7 @@ class ServerOptions:
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
+    reuse_grpc_port: bool = False  # SO_REUSEPORT on the gRPC listeners
     grpc_use_ssl: bool = False
     grpc_server_cert: str = ""
     grpc_server_key: str = ""

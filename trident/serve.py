@@ -10,26 +10,25 @@ unloads the models.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import random
 import signal
 import sys
-from collections.abc import Sequence
 from functools import partial
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-import trident
 from trident.batching import rounds
 from trident.errors import TritonError
-from trident.observability.logs import LogSettings
+from trident.observability.logs import VERBOSE, LogSettings
 from trident.options import ServerOptions
-from trident.server import EXTENSIONS, Server, open_server
-from trident.server.cloud_repository import is_cloud_url, parse_cloud_url
+from trident.server import Server, open_server
+from trident.startup import log_startup_notes, startup_problem, startup_tables
+
+if TYPE_CHECKING:
+    from trident.cluster.link import WorkerLink
 
 log = logging.getLogger("trident.serve")
 
@@ -129,15 +128,19 @@ async def _start(nursery: trio.Nursery, fn: Any, service: str, host: str, port: 
 
 
 async def _start_front_ends(server: Server, nursery: trio.Nursery, http_nursery: trio.Nursery,
-                            shutdown: trio.Event) -> None:
-    """Start the enabled front ends. Raises StartError when one cannot bind its address."""
+                            shutdown: trio.Event, *, worker: bool = False) -> None:
+    """Start the enabled front ends (a worker of ``--workers``: all but metrics, which its
+    supervisor serves, and each "Started" line only at --log-verbose). Raises StartError when
+    one cannot bind its address."""
     opts = server.options
+    level = VERBOSE if worker else logging.INFO
+    extra = {"verbose": 1}
     if opts.allow_grpc:
         from trident.grpc.serve import serve_grpc
 
         port = await _start(nursery, partial(serve_grpc, server, host=opts.grpc_address, port=opts.grpc_port),
                             "GRPC service", opts.grpc_address, opts.grpc_port)
-        log.info("Started GRPCInferenceService at %s:%s", opts.grpc_address, port)
+        log.log(level, "Started GRPCInferenceService at %s:%s", opts.grpc_address, port, extra=extra)
     if opts.allow_http:
         if opts.http_server == "trident":
             from trident.http.fastserver import serve_http_fast as serve_http
@@ -147,62 +150,20 @@ async def _start_front_ends(server: Server, nursery: trio.Nursery, http_nursery:
         port = await _start(http_nursery, partial(serve_http, server, host=opts.http_address, port=opts.http_port,
                                                   shutdown_trigger=shutdown.wait),
                             "HTTP service", opts.http_address, opts.http_port)
-        log.info("Started HTTPService at %s:%s", opts.http_address, port)
+        log.log(level, "Started HTTPService at %s:%s", opts.http_address, port, extra=extra)
     if opts.openai_port is not None:
         from trident.openai.serve import serve_openai
 
         port = await _start(http_nursery, partial(serve_openai, server, host=opts.http_address, port=opts.openai_port,
                                                   shutdown_trigger=shutdown.wait),
                             "OpenAI frontend", opts.http_address, opts.openai_port)
-        log.info("Started OpenAIFrontend at %s:%s", opts.http_address, port)
-    if opts.allow_metrics:
+        log.log(level, "Started OpenAIFrontend at %s:%s", opts.http_address, port, extra=extra)
+    if opts.allow_metrics and not worker:
         from trident.observability.metrics import serve_metrics
 
         port = await _start(nursery, partial(serve_metrics, server, host=opts.metrics_address, port=opts.metrics_port),
                             "Metrics service", opts.metrics_address, opts.metrics_port)
         log.info("Started Metrics Service at %s:%s", opts.metrics_address, port)
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A text table in tritonserver's start-up style (``+---+`` rules, ``| a | b |`` rows)."""
-    widths = [max([len(h), *(len(str(r[i])) for r in rows)]) for i, h in enumerate(headers)]
-    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
-
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-
-    return "\n".join([rule, line(headers), rule, *(line(r) for r in rows), rule])
-
-
-def startup_tables(server: Server) -> list[str]:
-    """The tables tritonserver logs once its models are loaded: backends, models (version,
-    status with the reason of a failure) and options."""
-    opts = server.options
-    backends: dict[str, str] = {}
-    for mv in server.repository.serving():
-        name = mv.config.backend or mv.config.platform
-        if name and name not in backends:
-            config = opts.backend_config.get(name, {})
-            backends[name] = json.dumps({"cmdline": {**opts.backend_config.get("", {}), **config}}, sort_keys=True)
-    models = [(e.name, e.version or "-", e.state if e.state == "READY" or not e.reason else f"{e.state}: {e.reason}")
-              for e in server.repository_index() if e.state and e.reason != "unloaded"]
-    mode = {"none": "MODE_NONE", "poll": "MODE_POLL", "explicit": "MODE_EXPLICIT"}[opts.model_control_mode]
-    options: list[tuple[str, str]] = [
-        ("server_id", opts.server_id), ("server_version", f"trident {trident.__version__}"),
-        ("server_extensions", " ".join(EXTENSIONS)),
-        *((f"model_repository_path[{i}]", path) for i, path in enumerate(opts.model_repositories)),
-        ("model_control_mode", mode),
-        *((f"startup_models_{i}", name) for i, name in enumerate(opts.load_models)),
-        ("strict_model_config", str(int(opts.disable_auto_complete_config))),
-        ("model_config_name", opts.model_config_name),
-        ("rate_limit", "OFF" if opts.rate_limit == "off" else "EXEC_COUNT"),
-        ("strict_readiness", str(int(opts.strict_readiness))), ("exit_timeout", f"{opts.exit_timeout_secs:g}"),
-        ("cache_enabled", str(int(bool(opts.cache_config)))),
-        ("http_server", opts.http_server), ("grpc_http2", opts.grpc_http2),
-    ]
-    return [format_table(("Backend", "Config"), list(backends.items())),
-            format_table(("Model", "Version", "Status"), models),
-            format_table(("Option", "Value"), options)]
 
 
 async def _load_models(server: Server) -> int:
@@ -226,72 +187,20 @@ async def _load_models(server: Server) -> int:
     return 0
 
 
-def _missing_repository(opts: ServerOptions) -> str | None:
-    """Why a ``--model-repository`` cannot be served (None when all can): a missing or
-    unreadable folder stops the server at start-up, as tritonserver does."""
-    for path in opts.model_repositories:
-        if is_cloud_url(path):  # listed by the repository; a listing failure is each load's reason
-            try:
-                parse_cloud_url(path)
-            except TritonError as e:
-                return e.message
-            continue
-        folder = Path(path)
-        if not folder.exists():
-            return f"model repository '{path}' does not exist"
-        if not folder.is_dir():
-            return f"model repository '{path}' is not a directory"
-        if not os.access(folder, os.R_OK | os.X_OK):
-            return f"model repository '{path}' cannot be read"
-    return None
+async def serve(options: ServerOptions, *, link: WorkerLink | None = None) -> int:
+    """Run until SIGINT or SIGTERM; returns the process exit status.
 
+    With ``options.workers`` other than 1 this process becomes the supervisor of that many
+    workers (:func:`trident.cluster.supervisor.serve_supervisor`). With ``link`` it is one of
+    those workers: the supervisor checked the options and logged what a server logs once, its
+    front ends serve the sockets it handed down (the metrics port is the supervisor's), the
+    models load when the supervisor says, and it drains when the supervisor says (or on a
+    signal).
+    """
+    if link is None and options.workers != 1:
+        from trident.cluster.supervisor import serve_supervisor
 
-def _unusable_tls(opts: ServerOptions) -> str | None:
-    """Why gRPC's TLS settings cannot be used (None when they can, or gRPC is off): a bad
-    combination, or a certificate or key that cannot be loaded."""
-    if not opts.allow_grpc:
-        return None
-    from trident.grpc.serve import ssl_context
-
-    try:
-        ssl_context(opts)
-    except ValueError as e:
-        return str(e)
-    return None
-
-
-def _unwritable_trace_file(opts: ServerOptions) -> str | None:
-    """Why ``--trace-config triton,file=PATH`` cannot be written (None when it can, or none is
-    set): traces are written later, so a folder that is missing or read-only is found now."""
-    from trident.observability.tracing import parse_trace_config
-
-    path = parse_trace_config(opts.trace_config)[0].get("trace_file")
-    if not path:
-        return None
-    folder = Path(path).parent
-    if not folder.is_dir():
-        return f"--trace-config triton,file={path}: folder '{folder}' does not exist"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"--trace-config triton,file={path}: folder '{folder}' is not writable"
-    return None
-
-
-def _warn_open_model_control(opts: ServerOptions) -> None:
-    """A note in the log when any client that reaches a public address may load models."""
-    if opts.model_control_mode != "explicit":
-        return
-    for allowed, address, restricted, flag in (
-            (opts.allow_http, opts.http_address, opts.http_restricted_api, "--http-restricted-api"),
-            (opts.allow_grpc, opts.grpc_address, opts.grpc_restricted_protocol, "--grpc-restricted-protocol")):
-        if allowed and address in ("", "0.0.0.0", "::") and not any(
-                "model-repository" in spec.partition(":")[0].split(",") for spec in restricted):
-            log.warning("explicit model control is open to every client on %s (all interfaces): loads run model "
-                        "code uploaded with them; restrict it with %s=model-repository:<header>=<value>",
-                        address or "0.0.0.0", flag)
-
-
-async def serve(options: ServerOptions) -> int:
-    """Run until SIGINT or SIGTERM; returns the process exit status."""
+        return await serve_supervisor(options)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         log_settings = LogSettings.from_options(options)
         try:
@@ -299,42 +208,38 @@ async def serve(options: ServerOptions) -> int:
         except OSError as e:  # --log-file cannot be opened: nothing could be logged
             sys.stderr.write(f"error: cannot open --log-file '{options.log_file}': {e.strerror or e}\n")
             return 1
-        missing = _missing_repository(options) or _unusable_tls(options) or _unwritable_trace_file(options)
-        if missing is not None:
-            log.error("error: creating server: %s", missing)
-            return 1
-        _warn_open_model_control(options)
-        for flag, value, why in options.ignored_flags:
-            log.warning("ignoring %s=%s: %s", flag, value, why)
-        log.info("trident %s (Triton-compatible inference server, KServe v2) starting", trident.__version__)
+        if link is None:
+            problem = startup_problem(options)
+            if problem is not None:
+                log.error("error: creating server: %s", problem)
+                return 1
+            log_startup_notes(options)
         tuned = tune_malloc()
         if tuned:
             log.debug("malloc: %s", ", ".join(tuned))
         if options.busy_poll_us and not rounds.current().busy_poll(options.busy_poll_us / 1e6):
             log.info("--busy-poll-us: this trio's poller is out of reach; the loop sleeps at once")
         # the front ends listen before the models load: live is true and ready false meanwhile
-        async with open_server(options, log_settings, load=False) as server:
+        async with open_server(options, log_settings, load=False) as server, trio.open_nursery() as control:
+            if link is not None:
+                link.attach(server, control)  # the supervisor's staged loads run in `control`
             shutdown = trio.Event()
+            stop = trio.Event()
             # HTTP stops by itself once triggered (hypercorn finishes open responses); gRPC and
             # metrics are cancelled after the drain (gRPC sends GOAWAY and drains its calls)
             # (a return inside these nurseries would be lost when their cancellation unwinds)
             status = 0
             async with trio.open_nursery() as http_nursery:
                 async with trio.open_nursery() as front_ends:
-                    try:
-                        await _start_front_ends(server, front_ends, http_nursery, shutdown)
-                    except StartError as e:
-                        log.error("%s", e)
-                        status = 1
-                    else:
-                        status = await _load_models(server)
+                    status = await _bring_up(server, front_ends, http_nursery, shutdown, link)
                     if status:
                         front_ends.cancel_scope.cancel()
                         http_nursery.cancel_scope.cancel()
                     else:
-                        async for signum in signals:
-                            log.info("signal (%d) received, waiting for in-flight inferences to complete", signum)
-                            break
+                        front_ends.start_soon(_wait_for_signal, signals, stop)
+                        if link is not None:
+                            front_ends.start_soon(_wait_for_drain, link, stop)
+                        await stop.wait()
                         # drain with the front ends up: new inferences get 503 / UNAVAILABLE,
                         # ready is false, live true, keep-alive clients get answers
                         server.stopping = True
@@ -347,7 +252,64 @@ async def serve(options: ServerOptions) -> int:
                         shutdown.set()
                         front_ends.cancel_scope.cancel()
                 http_nursery.cancel_scope.deadline = max(server.exit_deadline or 0.0, trio.current_time() + 1.0)
+            control.cancel_scope.cancel()
     if status:
         return status
     log.info("server stopped")
+    return 0
+
+
+async def _wait_for_signal(signals: Any, stop: trio.Event) -> None:
+    async for signum in signals:
+        log.info("signal (%d) received, waiting for in-flight inferences to complete", signum)
+        stop.set()
+        return
+
+
+async def _wait_for_drain(link: WorkerLink, stop: trio.Event) -> None:
+    await link.drain.wait()
+    log.log(VERBOSE, "worker %d: draining, as the supervisor asks", link.index, extra={"verbose": 1})
+    stop.set()
+
+
+async def _bring_up(server: Server, front_ends: trio.Nursery, http_nursery: trio.Nursery, shutdown: trio.Event,
+                    link: WorkerLink | None) -> int:
+    """Start the front ends and load the models; the exit status so far (0: serving).
+
+    Alone: the front ends listen, then the start-up models load. A worker of ``--workers``
+    attaches to its supervisor after its front ends listen, and the supervisor loads the
+    models; a worker started anew (after one exited) attaches first, and listens only once the
+    supervisor has given it every model and setting the others have."""
+    if link is not None and link.restart:
+        status = await _join(server, link)
+        if status:
+            return status
+        async with trio.open_nursery() as waiting:  # in step, or told to drain meanwhile
+            async def until(event: trio.Event) -> None:
+                await event.wait()
+                waiting.cancel_scope.cancel()
+
+            waiting.start_soon(until, link.in_step)
+            waiting.start_soon(until, link.drain)
+        if link.drain.is_set():
+            return 0
+    try:
+        await _start_front_ends(server, front_ends, http_nursery, shutdown, worker=link is not None)
+    except StartError as e:
+        log.error("%s", e)
+        return 1
+    if link is None:
+        return await _load_models(server)
+    return 0 if link.restart else await _join(server, link)
+
+
+async def _join(server: Server, link: WorkerLink) -> int:
+    """A worker attaches to its supervisor, which then drives its model loads (readiness waits
+    for the supervisor: link.ready). 0, or 1 when the supervisor is gone."""
+    server.loading = False
+    try:
+        await link.channel.call("attach")
+    except TritonError as e:
+        log.error("worker %d: the supervisor is gone: %s", link.index, e.message)
+        return 1
     return 0

@@ -12,10 +12,13 @@ Layers, lowest first (a module may import its own layer and the layers below it)
    ``trident.agents`` (repository agents);
 5. ``trident.batching`` (schedulers; they call backends through the backend interface);
 6. the server core (``trident.server``: the server, the repository, model versions, execution,
-   shared memory, worker threads), host metrics, listeners;
+   shared memory, worker threads), host metrics, listeners, the parts of ``--workers`` that
+   serve no request (``trident.cluster``: CPUs, sockets, the control channel and its messages,
+   merging);
 7. front ends: ``trident.http``, ``trident.grpc``, ``trident.openai``, ``trident.perf``, the
-   metrics endpoint (``trident.observability.metrics``), serve, the CLI, the threaded wrapper
-   (``trident.server.threaded``).
+   metrics endpoint (``trident.observability.metrics``), serve and its start-up checks, the CLI,
+   the threaded wrapper (``trident.server.threaded``), the ``--workers`` supervisor, worker
+   and link (they run servers).
 
 Every import counts for the layers, at any depth of the module (lazy imports in functions and
 ``TYPE_CHECKING`` ones too): a dependency is a dependency. Two modules never import each other
@@ -44,9 +47,11 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
          "trident.observability.tracing")),
     (4, ("trident.backends", "trident.agents")),
     (5, ("trident.batching",)),
-    (6, ("trident.server", "trident.observability.host_metrics", "trident.restricted", "trident.listening")),
+    (6, ("trident.server", "trident.observability.host_metrics", "trident.restricted", "trident.listening",
+         "trident.cluster")),
     (7, ("trident.http", "trident.grpc", "trident.openai", "trident.perf", "trident.observability.metrics",
-         "trident.serve", "trident.cli", "trident.__main__", "trident.server.threaded")),
+         "trident.serve", "trident.startup", "trident.cli", "trident.__main__", "trident.server.threaded",
+         "trident.cluster.supervisor", "trident.cluster.worker", "trident.cluster.link")),
 ]
 
 

@@ -161,6 +161,7 @@ async def serve_grpc(server: Server, *, host: str, port: int, task_status: Any =
         port=port,
         ssl_context=ssl_context(server.options),
         grace_period=lambda: _grace(server),
+        reuse_port=server.options.reuse_grpc_port,
         task_status=task_status,
     )
 
@@ -174,13 +175,14 @@ async def serve_methods(
     ssl_context: ssl.SSLContext | None = None,
     grace_period: float | Callable[[], float] = 30.0,
     budget: ServerBudget | None = None,
+    reuse_port: bool = False,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``methods`` over gRPC until cancelled (see :func:`serve_grpc` for the drain).
 
     ``budget`` (default: a new one from ``config``) is shared by all connections; tests pass
-    their own to read its counters."""
-    listeners = await open_tcp_listeners(port, host=host or None)
+    their own to read its counters. ``reuse_port`` sets ``SO_REUSEPORT`` on the listeners."""
+    listeners = await open_tcp_listeners(port, host=host or None, reuse_port=reuse_port)
     bound = listeners[0].port()
     connections: set[Connection] = set()
     draining = False

@@ -1111,10 +1111,11 @@ async def serve_asgi(
     max_connections: int = MAX_CONNECTIONS,
     max_head_size: int = DEFAULT_MAX_HEAD_SIZE,
     backlog: int = 1024,
+    reuse_port: bool = False,
     infer_endpoint: InferEndpoint | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the ASGI ``app`` over HTTP/1.1 on ``host:port``.
+    """Serve the ASGI ``app`` over HTTP/1.1 on ``host:port`` (``SO_REUSEPORT`` with ``reuse_port``).
 
     Start it with ``nursery.start``: it reports the bound port (the real one when ``port`` is 0).
     Without ``shutdown_trigger`` it serves until cancelled. When ``shutdown_trigger`` returns,
@@ -1127,7 +1128,7 @@ async def serve_asgi(
     Raises OSError when the address cannot be bound. Cancellation closes the listener and every
     connection and cancels the application calls in flight.
     """
-    listeners = await open_tcp_listeners(port, host=host, backlog=backlog)
+    listeners = await open_tcp_listeners(port, host=host, backlog=backlog, reuse_port=reuse_port)
     state = _State(app, max_head_size, keep_alive_timeout, header_timeout, body_timeout, max_connections,
                    infer_endpoint)
     state.round = rounds.current()
@@ -1173,7 +1174,8 @@ async def serve_http_fast(
     It reports the bound port through ``task_status``. When ``shutdown_trigger`` returns, it
     stops accepting and finishes in-flight requests (up to the server's ``exit_timeout_secs``).
     The server's ``http_header_timeout_secs``, ``http_body_timeout_secs`` and
-    ``http_max_connections`` options set the limits of :func:`serve_asgi`.
+    ``http_max_connections`` options set the limits of :func:`serve_asgi`, ``reuse_http_port``
+    its ``SO_REUSEPORT``.
 
     Raises OSError when the address cannot be bound. Cancellation closes the listener and
     cancels every in-flight request (each is cancelled in the server too).
@@ -1183,4 +1185,4 @@ async def serve_http_fast(
     await serve_asgi(make_app(server, endpoint), host=host, port=port, shutdown_trigger=shutdown_trigger,
                      graceful_timeout=options.exit_timeout_secs, task_status=task_status, infer_endpoint=endpoint,
                      header_timeout=options.http_header_timeout_secs, body_timeout=options.http_body_timeout_secs,
-                     max_connections=options.http_max_connections)
+                     max_connections=options.http_max_connections, reuse_port=options.reuse_http_port)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -23,6 +24,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
 from trident.http.app import make_app
+from trident.listening import open_tcp_listeners
 from trident.protocol.http1 import DEFAULT_MAX_HEAD_SIZE
 
 if TYPE_CHECKING:
@@ -73,6 +75,16 @@ async def serve_http(
     options = server.options
     config = hypercorn_config(host, port, options.exit_timeout_secs, header_timeout=options.http_header_timeout_secs,
                               body_timeout=options.http_body_timeout_secs)
+    # trident binds (SO_REUSEPORT with --reuse-http-port; a --workers supervisor's sockets) and
+    # hands hypercorn the sockets
+    listeners = await open_tcp_listeners(port, host=host or None, backlog=config.backlog,
+                                         reuse_port=options.reuse_http_port)
+    bound = listeners[0].port()
+    try:  # hypercorn owns (and closes) copies of the descriptors
+        config.bind = [f"fd://{os.dup(listener.socket.fileno())}" for listener in listeners]
+    finally:
+        for listener in listeners:
+            listener.close()
     app = make_app(server)
 
     async def run(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
@@ -81,6 +93,5 @@ async def serve_http(
         )
 
     async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(run)
-        bound = int(binds[0].rsplit(":", 1)[1]) if binds else port
+        await nursery.start(run)
         task_status.started(bound)

@@ -7,7 +7,7 @@ time (one source of truth with the statistics extension). GET only.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -174,10 +174,10 @@ def make_registry(server: Server, *host_collectors: Collector) -> CollectorRegis
     return registry
 
 
-def host_collectors(server: Server) -> list[Any]:
-    """CPU and GPU gauge collectors allowed by the options (GPU only where NVML finds one)."""
+def host_collectors(options: Any) -> list[Any]:
+    """CPU and GPU gauge collectors allowed by the server options (GPU only where NVML finds one)."""
     collectors: list[Any] = []
-    opts = server.options
+    opts = options
     if opts.allow_cpu_metrics:
         collectors.append(CpuMetrics())
     if opts.allow_gpu_metrics:
@@ -198,9 +198,22 @@ async def poll_host_metrics(collectors: list[Any], interval_s: float) -> None:
         await trio.sleep(interval_s)
 
 
-def make_metrics_app(server: Server, *collectors: Collector) -> Any:
-    """The ASGI app of the metrics port."""
-    registry = make_registry(server, *collectors)
+def worker_exposition(server: Server) -> bytes:
+    """The model and custom families of ``server`` alone, without host gauges: what a worker of
+    ``--workers`` gives its supervisor to merge (trident.cluster.merge)."""
+    return exposition(make_registry(server)) + custom_metrics_for(server).render()
+
+
+def host_exposition(collectors: list[Any]) -> bytes:
+    """The host gauges of ``collectors`` (a ``--workers`` supervisor's own)."""
+    registry = CollectorRegistry(auto_describe=False)
+    for collector in collectors:
+        registry.register(collector)
+    return exposition(registry)
+
+
+def make_exposition_app(render: Callable[[], Awaitable[bytes]]) -> Any:
+    """The ASGI app of the metrics port: ``GET /metrics`` answers ``await render()``."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -213,8 +226,7 @@ def make_metrics_app(server: Server, *collectors: Collector) -> Any:
         elif scope["method"] != "GET":
             status, body = 405, b"Method Not Allowed"
         else:
-            # custom metric families of models and backends (trident.backends.metrics)
-            status, body = 200, exposition(registry) + custom_metrics_for(server).render()
+            status, body = 200, await render()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"text/plain; charset=utf-8"),
                                 (b"content-length", str(len(body)).encode())]})
@@ -223,9 +235,22 @@ def make_metrics_app(server: Server, *collectors: Collector) -> Any:
     return app
 
 
-async def serve_metrics(server: Server, *, host: str, port: int,
-                        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve /metrics until cancelled; reports the bound port through ``task_status``."""
+def make_metrics_app(server: Server, *collectors: Collector) -> Any:
+    """The ASGI app of the metrics port of ``server``."""
+    registry = make_registry(server, *collectors)
+
+    async def render() -> bytes:
+        # custom metric families of models and backends (trident.backends.metrics)
+        return exposition(registry) + custom_metrics_for(server).render()
+
+    return make_exposition_app(render)
+
+
+async def serve_exposition(app: Any, collectors: list[Any], interval_ms: float, *, host: str, port: int,
+                           task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve the metrics ``app`` until cancelled, refreshing the host ``collectors`` every
+    ``interval_ms``; reports the bound port through ``task_status``. Raises OSError when the
+    address cannot be bound."""
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
@@ -239,8 +264,15 @@ async def serve_metrics(server: Server, *, host: str, port: int,
             bound = value[0].rsplit(":", 1)[-1] if value else str(port)
             task_status.started(int(bound))
 
-    collectors = host_collectors(server)
     async with trio.open_nursery() as nursery:
         if collectors:
-            nursery.start_soon(poll_host_metrics, collectors, max(server.options.metrics_interval_ms, 1) / 1000)
-        await serve(make_metrics_app(server, *collectors), config, task_status=_Status())  # type: ignore[arg-type]
+            nursery.start_soon(poll_host_metrics, collectors, max(interval_ms, 1) / 1000)
+        await serve(app, config, task_status=_Status())  # type: ignore[arg-type]
+
+
+async def serve_metrics(server: Server, *, host: str, port: int,
+                        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve /metrics until cancelled; reports the bound port through ``task_status``."""
+    collectors = host_collectors(server.options)
+    await serve_exposition(make_metrics_app(server, *collectors), collectors, server.options.metrics_interval_ms,
+                           host=host, port=port, task_status=task_status)

@@ -47,4 +47,5 @@ async def serve_openai(
                      graceful_timeout=float(getattr(options, "exit_timeout_secs", 5.0)), task_status=task_status,
                      header_timeout=float(getattr(options, "http_header_timeout_secs", HEADER_TIMEOUT)),
                      body_timeout=float(getattr(options, "http_body_timeout_secs", BODY_TIMEOUT)),
-                     max_connections=int(getattr(options, "http_max_connections", MAX_CONNECTIONS)))
+                     max_connections=int(getattr(options, "http_max_connections", MAX_CONNECTIONS)),
+                     reuse_port=bool(getattr(options, "reuse_http_port", False)))

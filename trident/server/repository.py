@@ -543,13 +543,15 @@ class ModelRepository:
         if gate is not None:
             try:
                 await gate(config, sorted(fresh))
-            except BaseException:  # abandoned (another worker failed, or cancelled): nothing changes
+            except BaseException as e:  # abandoned (another worker failed, or cancelled): nothing changes
                 with trio.CancelScope(shield=True):
                     for mv in fresh.values():
                         mv.request_unload()
                     for mv in fresh.values():
                         await mv.stopped.wait()
                     await self._discard(agents, tmpdir)
+                if isinstance(e, TritonError) and not rec.versions:
+                    rec.failed = {-1: e.message}  # as where the load failed: not ready, with the reason
                 raise
         if agents is not None:
             await trio.to_thread.run_sync(agents.load_complete, limiter=self._io_limiter)
