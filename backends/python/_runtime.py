@@ -205,7 +205,7 @@ class InProcessRuntime(pb_utils._Runtime):
             converted = _convert.to_request(request)
         except TritonError as e:
             return iter([_convert.error_response(e.code, e.message)])
-        converted.trace = bls_trace(parents, request.trace()._source)
+        converted.trace = bls_trace(parents, getattr(request.trace(), "_source", None))
         return BlsCall(self.server, self.token, converted, decoupled, parents, threads=self.threads).start()
 
     def _call(self, fn: Any, *args: Any) -> Any:

@@ -106,6 +106,7 @@ class InferenceService:
         #: id(header tuple) -> (that tuple, its trace context): the HTTP/2 engine hands out the
         #: same tuple for a header block it decoded before (a call without a traceparent)
         self._contexts: dict[int, tuple[Any, TraceParent | None]] = {}
+        self._last: tuple[Any, TraceParent | None] = (None, None)  # the entry used last
 
     def methods(self) -> dict[str, Method]:
         unary = {
@@ -268,8 +269,11 @@ class InferenceService:
         """The client's W3C trace context (``traceparent`` / ``tracestate`` metadata; None
         without one, or a malformed or repeated one, as W3C says), remembered per header tuple."""
         headers = call.headers
+        if headers is self._last[0]:  # the header block of the call before (one client, the usual case)
+            return self._last[1]
         cached = self._contexts.get(id(headers))
         if cached is not None and cached[0] is headers:
+            self._last = cached
             return cached[1]
         traceparent = [v for k, v in headers if k == b"traceparent"]
         context = None
@@ -278,7 +282,7 @@ class InferenceService:
         if isinstance(headers, tuple):
             if len(self._contexts) >= _TRACE_CONTEXT_CACHE:
                 self._contexts.clear()
-            self._contexts[id(headers)] = (headers, context)  # holds the tuple: its id stays unique
+            self._last = self._contexts[id(headers)] = (headers, context)  # holds the tuple: its id stays unique
         return context
 
     async def _request(self, call: Call, data: bytearray) -> InferenceRequest:

@@ -13,6 +13,8 @@ never an error.
 
 from __future__ import annotations
 
+import os
+import re
 from typing import TYPE_CHECKING, Any
 
 from trident.errors import TritonError, invalid_arg
@@ -106,6 +108,13 @@ BSP_ARGUMENTS = {"bsp_max_queue_size": "max_queue_size", "bsp_schedule_delay": "
 _BSP_DEFAULTS = {"bsp_max_queue_size": 2048, "bsp_schedule_delay": 5000, "bsp_max_export_batch_size": 512}
 
 
+def _env_default(key: str) -> int:
+    """A bsp setting's value when --trace-config does not give it: the SDK's ``OTEL_BSP_*``
+    variable when it holds a number, else Triton's default."""
+    raw = os.environ.get("OTEL_" + key.upper(), "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else _BSP_DEFAULTS[key]
+
+
 def _check_otel(otel: dict[str, str]) -> None:
     """Raises ValueError for an OpenTelemetry setting the exporter could not take."""
     for key in BSP_ARGUMENTS:
@@ -113,8 +122,8 @@ def _check_otel(otel: dict[str, str]) -> None:
             value = otel[key]
             if not value.isdigit() or int(value) <= 0:
                 raise ValueError(f"--trace-config opentelemetry,{key} expects a positive integer, got '{value}'")
-    queue = int(otel.get("bsp_max_queue_size", _BSP_DEFAULTS["bsp_max_queue_size"]))
-    batch = int(otel.get("bsp_max_export_batch_size", _BSP_DEFAULTS["bsp_max_export_batch_size"]))
+    queue, batch = (int(otel.get(key) or _env_default(key)) for key in ("bsp_max_queue_size",
+                                                                         "bsp_max_export_batch_size"))
     if batch > queue:
         raise ValueError(f"--trace-config opentelemetry,bsp_max_export_batch_size ({batch}) must not exceed "
                          f"bsp_max_queue_size ({queue})")
@@ -180,9 +189,11 @@ def parse_trace_config(entries: list[str]) -> tuple[dict[str, Any], dict[str, st
 
 # ---- W3C trace context ---------------------------------------------------------------------
 
-_HEX = frozenset("0123456789abcdef")
+#: version 00 (exactly), or a later version (its first four fields, then more after a dash)
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?", re.DOTALL)
 _MAX_TRACESTATE = 512  # bytes of tracestate kept (the recommendation's propagation limit)
 _MAX_TRACESTATE_MEMBERS = 32
+_TRACESTATE_MEMBER = re.compile(r"[a-z0-9][a-z0-9_\-*/@]{0,255}=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]")
 
 
 class TraceParent:
@@ -206,10 +217,6 @@ class TraceParent:
         return f"TraceParent({self.traceparent()!r}, tracestate={self.tracestate!r})"
 
 
-def _hex(text: str, length: int) -> bool:
-    return len(text) == length and _HEX.issuperset(text)
-
-
 def _text(value: bytes | str) -> str:
     return value.decode("latin-1") if isinstance(value, (bytes, bytearray)) else value
 
@@ -221,17 +228,13 @@ def parse_traceparent(traceparent: bytes | str, tracestate: bytes | str | None =
     data, a later version whose extra data does not start with ``-``. A ``tracestate`` that does
     not parse is dropped (the context is kept without it). Never raises."""
     value = _text(traceparent).strip(" \t")
-    if len(value) < 55 or value[2] != "-" or value[35] != "-" or value[52] != "-":
+    m = _TRACEPARENT.fullmatch(value)
+    if m is None:
         return None
-    version = value[:2]
-    if not _hex(version, 2) or version == "ff" or (version == "00" and len(value) != 55):
+    version, trace_id, span_id, flags, rest = m.groups()
+    if version == "ff" or (version == "00" and rest is not None):
         return None
-    if len(value) > 55 and value[55] != "-":  # a later version may append fields after a dash
-        return None
-    trace_id, span_id, flags = value[3:35], value[36:52], value[53:55]
-    if not (_hex(trace_id, 32) and _hex(span_id, 16) and _hex(flags, 2)):
-        return None
-    if trace_id == "0" * 32 or span_id == "0" * 16:
+    if trace_id == "00000000000000000000000000000000" or span_id == "0000000000000000":
         return None
     state = _tracestate(_text(tracestate)) if tracestate else ""
     return TraceParent(trace_id, span_id, int(flags, 16), state)
@@ -247,11 +250,6 @@ def _tracestate(value: str) -> str:
     if len(members) > _MAX_TRACESTATE_MEMBERS:
         return ""
     for member in members:
-        key, sep, val = member.partition("=")
-        if not sep or not key or not val or len(key) > 256 or len(val) > 256:
-            return ""
-        if not all(c.islower() or c.isdigit() or c in "_-*/@" for c in key) or not key.isascii():
-            return ""
-        if not all(0x20 <= ord(c) <= 0x7e and c not in ",=" for c in val) or val.endswith(" "):
+        if _TRACESTATE_MEMBER.fullmatch(member) is None:
             return ""
     return ",".join(members)

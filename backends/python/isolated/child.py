@@ -209,7 +209,7 @@ class ChildRuntime(pb_utils._Runtime):
         arrays: list[np.ndarray] = []
         meta = wire.request_to_wire(converted, arrays)
         parent_ids = [p.rid for p in parents if isinstance(p, ChildRequest)]
-        named = request.trace()._source  # trace=request.trace(): the request whose trace it continues
+        named = getattr(request.trace(), "_source", None)  # trace=request.trace(): whose trace it continues
         trace_rid = named.rid if isinstance(named, ChildRequest) else None
         process.streams[call_id] = stream
         try:

@@ -329,3 +329,28 @@ async def test_readiness_probes_run_is_ready(repo: Path, monkeypatch: pytest.Mon
         assert not await server.probe_model_ready("slow_ready")  # is_ready took longer than the limit
         assert server.model_ready("not_ready")  # the state alone says READY
         assert not await server.probe_model_ready("no_such_model")
+
+
+# ---- the trace a BLS request continues -------------------------------------------------------
+
+
+def test_bls_trace_follows_the_named_request_or_the_one_traced_request_of_the_batch() -> None:
+    from trident.backends.python import pb_utils
+    from trident.backends.python._runtime import bls_trace
+    from trident.observability.trace import parse_traceparent
+
+    a, b, plain = (InferenceRequest("m", [], id=i) for i in ("a", "b", "plain"))
+    a.trace = parse_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "k=v")
+    b.trace = parse_traceparent("00-1af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")
+    assert bls_trace([a, plain]) is a.trace  # the one traced request of the batch
+    assert bls_trace([plain]) is None
+    assert bls_trace([a, b]) is None  # two different traces and none named: no guess
+    assert bls_trace([a, b], b) is b.trace  # trace=request.trace() names one
+    assert bls_trace([a, a]) is a.trace
+    # pb_utils: request.trace() of a request the model received, and its context for the model
+    wrapped = pb_utils.InferenceRequest._wrap(a, [], 0, 0, 0, "{}")
+    assert wrapped.trace()._source is a and wrapped.trace() is wrapped.trace()
+    assert json.loads(wrapped.trace().get_context()) == {
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "k=v"}
+    assert pb_utils.InferenceRequest._wrap(plain, [], 0, 0, 0, "{}").trace().get_context() is None
+    assert pb_utils.InferenceRequest(model_name="x").trace().get_context() is None

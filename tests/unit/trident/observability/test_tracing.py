@@ -152,3 +152,62 @@ def test_sampling_resumes_when_settings_change_after_requests_went_untraced(tmp_
     settings.update("m", {"trace_level": ["TIMESTAMPS"]})  # one model's own settings: it samples again
     assert tracer.sample("m", 1, _request(5)) is not None
     assert tracer.sample("other", 1, _request(6)) is None
+
+
+# ---- the client's W3C context ----------------------------------------------------------------
+
+from trident.observability.trace import parse_traceparent  # noqa: E402
+from trident.observability.tracing import RequestTrace  # noqa: E402
+
+CLIENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _with_context(i: int) -> InferenceRequest:
+    request = _request(i)
+    request.trace = parse_traceparent(CLIENT, "k=v")
+    return request
+
+
+def test_triton_mode_samples_a_clients_request_by_rate_and_records_its_context(tmp_path):
+    settings = TraceSettings()
+    settings.update("", {"trace_level": ["TIMESTAMPS"], "trace_rate": "2", "trace_file": str(tmp_path / "t.json")})
+    tracer = Tracer(settings)
+    first, second = _with_context(0), _with_context(1)
+    assert tracer.sample("m", 1, first) is None and first.trace.trace_id == "0af7651916cd43dd8448eb211c80319c"
+    trace = tracer.sample("m", 1, second)
+    assert trace is not None and second.trace is trace  # the request now holds its own trace
+    assert trace.trace_id == "0af7651916cd43dd8448eb211c80319c" and trace.traceparent() == CLIENT
+    child_request = _request(2)
+    child_request.trace = trace  # an ensemble step's (or a BLS call's) request
+    child = tracer.sample("m", 1, child_request)
+    assert child.parent_id == trace.id and child.trace_id == trace.trace_id and child.context is None
+    for t in (child, trace):
+        tracer.record(t, [("REQUEST_START", 1), ("REQUEST_END", 2)], None)
+    tracer.close()
+    heads = [e for e in json.loads((tmp_path / "t.json").read_text()) if "model_name" in e]
+    assert heads[0]["parent_id"] == trace.id and "traceparent" not in heads[0]
+    assert heads[1]["traceparent"] == CLIENT and heads[1]["tracestate"] == "k=v"
+
+
+def test_opentelemetry_mode_always_traces_a_clients_request(tmp_path):
+    settings = TraceSettings()
+    settings.update("", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1000", "trace_count": "0",
+                         "trace_mode": "opentelemetry"})
+    tracer = Tracer(settings, {"url": "http://127.0.0.1:9/v1/traces"})
+    try:
+        assert tracer.sample("m", 1, _request(0)) is None  # count 0, rate 1000: nothing else is traced
+        request = _with_context(1)
+        trace = tracer.sample("m", 1, request)
+        assert isinstance(trace, RequestTrace) and request.trace is trace
+        span = trace.span.get_span_context()
+        assert f"{span.trace_id:032x}" == trace.trace_id == "0af7651916cd43dd8448eb211c80319c"
+        assert trace.span.parent.span_id == 0xB7AD6B7169203331 and trace.span.parent.is_remote
+        assert trace.traceparent() == f"00-{trace.trace_id}-{span.span_id:016x}-01"
+        step = _request(2)
+        step.trace = trace
+        child = tracer.sample("m", 1, step)
+        assert child.span.parent.span_id == span.span_id and child.trace_id == trace.trace_id
+        settings.update("", {"trace_level": ["OFF"]})
+        assert tracer.sample("m", 1, _with_context(3)) is None  # OFF is off, context or not
+    finally:
+        tracer._otel.provider.shutdown()  # no span ended: nothing to export
