@@ -222,7 +222,7 @@ async def serve(options: ServerOptions, *, link: WorkerLink | None = None) -> in
         # the front ends listen before the models load: live is true and ready false meanwhile
         async with open_server(options, log_settings, load=False) as server, trio.open_nursery() as control:
             if link is not None:
-                link.attach(server, control)  # the supervisor's staged loads run in `control`
+                await link.attach(server, control)  # staged loads and forwarding run in `control`
             shutdown = trio.Event()
             stop = trio.Event()
             # HTTP stops by itself once triggered (hypercorn finishes open responses); gRPC and

@@ -564,3 +564,116 @@ def test_reuse_port_lets_two_servers_share_the_ports(tmp_path):
         assert proc.returncode == 1 and "already in use" in proc.stderr
     finally:
         first.stop()
+
+
+# ---- sequences: every request of a correlation id reaches one worker's sequence slot -----------
+
+
+@pytest.fixture(scope="module")
+def sequences(tmp_path_factory):
+    from e2e.test_sequence import (
+        ACC_PY,
+        DECOUPLED_CONFIG,
+        DECOUPLED_PY,
+        STATE_CONFIG,
+        STATE_PY,
+        acc_config,
+        write_onnx_accumulator,
+    )
+
+    repo = _repo(tmp_path_factory.mktemp("workers-seq"), "whoami")
+    models = {"acc_py": (acc_config("acc_py", "TYPE_UINT64"), ACC_PY),
+              "acc_str": (acc_config("acc_str", "TYPE_STRING"), ACC_PY),
+              "acc_oldest": (acc_config("acc_oldest", "TYPE_UINT64").replace(
+                  "sequence_batching {", "sequence_batching {\n  oldest { max_candidate_sequences: 4 }"), ACC_PY),
+              "state_py": (STATE_CONFIG, STATE_PY), "acc_decoupled": (DECOUPLED_CONFIG, DECOUPLED_PY)}
+    for name, (config, code) in models.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(config)
+        (repo / name / "1" / "model.py").write_text(code)
+    write_onnx_accumulator(repo)
+    server = start_server("--workers", "2", repo=repo, timeout=180)
+    yield server
+    assert server.stop() == 0
+
+
+def _new_client(server: RunningServer, protocol: str):
+    """A client on a connection of its own: it lands on either worker."""
+    if protocol == "http":
+        return httpclient.InferenceServerClient(server.http_url)
+    return grpcclient.InferenceServerClient(server.grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def _step(server, protocol: str, model: str, sid, value, start: bool, end: bool, dtype="INT32"):
+    mod = httpclient if protocol == "http" else grpcclient
+    client = _new_client(server, protocol)
+    try:
+        inp = mod.InferInput("INPUT", [1, 1], dtype)
+        inp.set_data_from_numpy(np.array([[value]], np.int32 if dtype == "INT32" else np.float32))
+        result = client.infer(model, [inp], outputs=[mod.InferRequestedOutput("OUTPUT")], sequence_id=sid,
+                              sequence_start=start, sequence_end=end)
+        return result.as_numpy("OUTPUT").reshape(-1)[0].item()
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("model", ["acc_py", "acc_oldest", "state_py", "acc_onnx"])
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_sequence_keeps_its_state_whichever_worker_each_request_reaches(sequences, model, protocol):
+    dtype = "FP32" if model == "acc_onnx" else "INT32"
+    ids = [1000 + 7 * k for k in range(6)] if model != "acc_str" else [f"s-{k}" for k in range(6)]
+    totals = {sid: 0 for sid in ids}
+    for step in range(5):  # interleaved sequences, each request on a new connection
+        for sid in ids:
+            value = (ids.index(sid) + 1) * (step + 1)
+            totals[sid] += value
+            got = _step(sequences, protocol, model, sid, value, step == 0, step == 4, dtype)
+            assert got == totals[sid], (model, sid, step, got, totals[sid])
+
+
+def test_string_correlation_ids_across_workers(sequences):
+    totals: dict[str, int] = {}
+    for step in range(4):
+        for k in range(5):
+            sid = f"string-{k}"
+            totals[sid] = totals.get(sid, 0) + k + step
+            protocol = "http" if (k + step) % 2 else "grpc"
+            assert _step(sequences, protocol, "acc_str", sid, k + step, step == 0, step == 3) == totals[sid]
+
+
+def test_a_decoupled_sequence_over_streams_on_both_workers(sequences):
+    for sid in ("stream-a", "stream-b", "stream-c"):
+        answers: list[int] = []
+        for k in range(3):  # each request on a stream of a new connection
+            client = _new_client(sequences, "grpc")
+            got: list[int] = []
+            done = threading.Event()
+
+            def callback(result, error, got=got, done=done):
+                if error is not None:
+                    got.append(-1)
+                    done.set()
+                elif result.get_response().parameters.get("triton_final_response") and not result.get_response().outputs:
+                    done.set()
+                else:
+                    got.append(int(result.as_numpy("OUTPUT").reshape(-1)[0]))
+
+            try:
+                client.start_stream(callback)
+                inp = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                inp.set_data_from_numpy(np.array([[k + 1]], np.int32))
+                client.async_stream_infer("acc_decoupled", [inp], sequence_id=sid, sequence_start=k == 0,
+                                          sequence_end=k == 2, enable_empty_final_response=True)
+                assert done.wait(30)
+            finally:
+                client.stop_stream()
+                client.close()
+            answers += got
+        assert answers == [1, 10, 3, 30, 6, 60], (sid, answers)
+
+
+def test_a_sequence_request_without_a_start_is_refused_alike_on_every_worker(sequences):
+    for _ in range(6):
+        with pytest.raises(InferenceServerException) as e:
+            _step(sequences, "http", "acc_py", 987654, 1, False, False)
+        assert "START" in e.value.message() or "start" in e.value.message()

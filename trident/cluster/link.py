@@ -12,12 +12,14 @@ them (statistics, metrics). The requests the supervisor sends a worker are answe
 from __future__ import annotations
 
 import logging
+import zlib
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from trident.cluster.channel import ControlChannel, unknown_op
+from trident.cluster.forward import ForwardServer, Peer
 from trident.cluster.merge import stats_from_wire, stats_to_wire
 from trident.cluster.wire import decode_bytes, encode_bytes
 from trident.errors import TritonError, invalid_arg, unavailable
@@ -67,14 +69,26 @@ class _Staged:
             raise unavailable(self.reason or "the load was abandoned")
 
 
+def sequence_owner(correlation_id: Any, count: int) -> int:
+    """The worker that serves the sequence ``correlation_id`` (an integer, or a string: by its
+    CRC-32), the same in every worker."""
+    if isinstance(correlation_id, str):
+        return zlib.crc32(correlation_id.encode("utf-8", "surrogatepass")) % count
+    return int(correlation_id) % count
+
+
 class WorkerLink:
     """This worker's side of the control channel: the server's :class:`ClusterLink` (calls to
     the supervisor) and the handler of the supervisor's requests."""
 
-    def __init__(self, channel: ControlChannel, index: int, count: int, restart: bool = False) -> None:
+    def __init__(self, channel: ControlChannel, index: int, count: int, restart: bool = False,
+                 cluster: str = "") -> None:
         self.channel = channel
         self.index = index
         self.count = count
+        #: names this supervisor's workers' forwarding sockets (trident.cluster.forward)
+        self.cluster = cluster
+        self._peers: dict[int, Peer] = {}
         #: started again after a worker exited: it serves only once brought in step (in_step)
         self.restart = restart
         self.in_step = trio.Event()
@@ -86,11 +100,42 @@ class WorkerLink:
         self._nursery: trio.Nursery | None = None
         self._staged: dict[int, _Staged] = {}
 
-    def attach(self, server: Server, nursery: trio.Nursery) -> None:
-        """Serve ``server``'s control plane; the staged loads run in ``nursery`` (the server's)."""
+    async def attach(self, server: Server, nursery: trio.Nursery) -> None:
+        """Serve ``server``'s control plane and the requests other workers forward to it; the
+        staged loads, the forwarding server and connections run in ``nursery`` (the server's).
+        Raises OSError when the forwarding socket cannot be bound."""
         self.server = server
         self._nursery = nursery
         server.cluster = self
+        if self.count > 1:
+            await nursery.start(ForwardServer(server, self.cluster, self.index).serve)
+
+    # ---- where requests are served ------------------------------------------------------------
+
+    def peer(self, index: int) -> Peer:
+        """The connection to worker ``index`` (opened on first use)."""
+        peer = self._peers.get(index)
+        if peer is None:
+            assert self._nursery is not None
+            peer = self._peers[index] = Peer(self.cluster, index, self._nursery)
+        return peer
+
+    def route_for(self, name: str, config: ModelConfig, backend: Any) -> Any:
+        """A model version's route (trident.server.model.ModelVersion.route): a sequence model's
+        requests go to the worker that owns their correlation id (:func:`sequence_owner`); a
+        model without sequences is served where it is asked. None: always here."""
+        if self.count < 2 or config.sequence_batching is None:
+            return None
+        index, count, peer = self.index, self.count, self.peer
+
+        def route(request: Any) -> Peer | None:
+            sid = request.parameters.get("sequence_id")
+            if not sid:
+                return None  # refused here, with Triton's message
+            owner = sequence_owner(sid, count)
+            return None if owner == index else peer(owner)
+
+        return route
 
     # ---- the server's ClusterLink: calls to the supervisor ------------------------------------
 

@@ -217,7 +217,7 @@ class Supervisor:
         """A worker's request (its server's control plane)."""
         if op == "hello":
             return {"options": options_to_wire(self.worker_options), "index": worker.index, "count": self.count,
-                    "restart": worker.restart}
+                    "restart": worker.restart, "cluster": str(os.getpid())}
         if op == "attach":
             worker.attached.set()
             if worker.restart:

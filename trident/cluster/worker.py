@@ -52,7 +52,8 @@ async def run_worker(control_fd: int) -> int:
         except ChannelClosed:
             return 1
         options = options_from_wire(hello["options"])
-        link = WorkerLink(channel, int(hello["index"]), int(hello["count"]), bool(hello.get("restart")))
+        link = WorkerLink(channel, int(hello["index"]), int(hello["count"]), bool(hello.get("restart")),
+                          str(hello["cluster"]))
         status = await serve(options, link=link)
         nursery.cancel_scope.cancel()
     return status

@@ -72,6 +72,8 @@ class ClusterLink(Protocol):
 
     async def call_first(self, op: str, **fields: Any) -> dict[str, Any]: ...
 
+    def route_for(self, name: str, config: ModelConfig, backend: Any) -> Any: ...
+
 
 class Server:
     """What a Triton server answers, independent of the wire."""
@@ -365,6 +367,16 @@ class Server:
         self._admit()
         try:
             await mv.infer_stream(request, send)
+        finally:
+            self._release()
+
+    async def infer_forwarded(self, request: InferenceRequest, send: SendResponse) -> None:
+        """Serve a request another worker of ``--workers`` forwarded to this one, here (its
+        responses through ``send``; decoupled models too). Raises as :meth:`infer_stream`."""
+        mv = self.repository.get(request.model_name, request.model_version)
+        self._admit()
+        try:
+            await mv.infer_here(request, send)
         finally:
             self._release()
 

@@ -107,6 +107,11 @@ class ModelVersion:
             log.warning("model '%s' enables response_cache but the server has no cache (--cache-config)", name)
         self._backend_config = backend_config or {}
         self._server = server
+        #: ``--workers``: where a request goes instead of here (``route(request)``: the peer
+        #: worker that serves it, or None for this one): the owner of a sequence's correlation
+        #: id, or the worker a model is placed on (trident.cluster.link); None: always here
+        cluster = getattr(server, "cluster", None)
+        self.route: Any = cluster.route_for(name, config, backend) if cluster is not None else None
         self.threads: Threads = PlainThreads()  # until run() opens the nursery that owns them
         self._unload = trio.Event()
         self.stopped = trio.Event()
@@ -348,6 +353,10 @@ class ModelVersion:
         Queueing raises here what infer_stream raises for it (UNAVAILABLE, queue full).
         """
         batch_size = self._admit(request)
+        if self.route is not None:
+            peer = self.route(request)
+            if peer is not None:
+                return peer.infer(request)
         trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
         if self.ensemble is not None or trace is not None or self.cache is not None:
             return self._collect(request, batch_size, trace)
@@ -462,6 +471,19 @@ class ModelVersion:
         one has its result discarded.
         """
         batch_size = self._admit(request)
+        if self.route is not None:
+            peer = self.route(request)
+            if peer is not None:
+                await peer.stream(request, send)
+                return
+        await self._infer_here(request, send, batch_size)
+
+    async def infer_here(self, request: InferenceRequest, send: SendResponse) -> None:
+        """:meth:`infer_stream` in this process whatever :attr:`route` says (a request another
+        worker forwarded here). Raises and cancels as infer_stream."""
+        await self._infer_here(request, send, self._admit(request))
+
+    async def _infer_here(self, request: InferenceRequest, send: SendResponse, batch_size: int) -> None:
         trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
         if self.ensemble is not None:
             await self._infer_ensemble(self.ensemble, request, send, batch_size, trace)
