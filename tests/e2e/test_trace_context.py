@@ -235,6 +235,7 @@ def test_a_clients_trace_continues_through_models_ensembles_and_bls(tmp_path, co
         assert raw.status_code == 200
     finally:
         assert s.stop() == 0  # shutdown flushes the batch span processor
+    log = s.log()
     spans = [_described(span) for span in _spans(collector)]
     assert not [x for x in spans if x["request_id"].startswith(("bad-", "plain", "two-"))]
     by = {}
@@ -263,6 +264,11 @@ def test_a_clients_trace_continues_through_models_ensembles_and_bls(tmp_path, co
         outer = one(trace, model)
         assert outer["parent"] == span
         assert one(trace, "first")["parent"] == outer["span"] and len(by[trace]) == 2
+    # request.trace().get_context(): the request's own span, in process and in a model process
+    for model in ("caller", "caller_process"):
+        _, trace, _ = sent[model]
+        context = json.dumps({"traceparent": f"00-{trace}-{one(trace, model)['span']}-01"})
+        assert f"calling first, my context: {context}" in log
 
 
 def test_triton_mode_samples_as_usual_and_records_the_context(tmp_path):

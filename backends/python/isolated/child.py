@@ -34,6 +34,7 @@ from trident.backends.python import _convert, pb_utils
 from trident.backends.python.isolated import channel as wire
 from trident.errors import Code, TritonError, internal
 from trident.observability.logs import SERVING_KEY, ModelCall
+from trident.observability.trace import parse_traceparent
 from trident.types import InferenceRequest, InferenceResponse
 
 _END = object()
@@ -404,6 +405,8 @@ class ModelProcess:
             request = wire.request_from_wire(meta, arrays, ChildRequest)
             assert isinstance(request, ChildRequest)
             request.rid = meta["rid"]
+            if meta.get("trace"):  # the server's request's W3C context (request.trace().get_context())
+                request.trace = parse_traceparent(*meta["trace"])
             request.responder = ChildResponder(self, request)
             self.requests[request.rid] = request
             requests.append(request)

@@ -98,6 +98,16 @@ class _Finished(NamedTuple):
     trace: Any = None
 
 
+def _trace_context(trace: Any) -> tuple[str, str] | None:
+    """(traceparent, tracestate) of a request's trace or trace context, None without one."""
+    header = getattr(trace, "traceparent", None)
+    value = header() if callable(header) else None
+    if not value:
+        return None
+    state = getattr(trace, "tracestate", "") or getattr(getattr(trace, "context", None), "tracestate", "")
+    return value, str(state or "")
+
+
 def relay_log(message: tuple[Any, ...], model: tuple[str, str] | None = None,
               requests: Callable[[list[tuple[Any, str]]], list[Any]] | None = None) -> None:
     """Write a model process's log line (``("log", level, message[, (path, line, function),
@@ -531,6 +541,8 @@ class IsolatedInstance(ModelInstance):
             rid = next(self._ids)
             meta = wire.request_to_wire(request, arrays)
             meta["rid"] = rid
+            if request.trace is not None:  # its W3C context, for request.trace().get_context()
+                meta["trace"] = _trace_context(request.trace)
             metas.append(meta)
             rids.append(rid)
         waiter = process.waiters[batch] = _Waiter()
