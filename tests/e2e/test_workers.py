@@ -677,3 +677,145 @@ def test_a_sequence_request_without_a_start_is_refused_alike_on_every_worker(seq
         with pytest.raises(InferenceServerException) as e:
             _step(sequences, "http", "acc_py", 987654, 1, False, False)
         assert "START" in e.value.message() or "start" in e.value.message()
+
+
+# ---- a model placed on one worker: the others forward to it ---------------------------------
+
+PLACED = ('''
+name: "placed"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }, { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
+parameters { key: "trident_placement" value: { string_value: "worker:1" } }
+''', '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """OUT = IN * 2, and the process id of the worker that ran it."""
+
+    def initialize(self, args):
+        open(os.path.join(args["model_repository"], f"loaded-{os.getpid()}"), "w").close()
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * 2),
+                                                   pb_utils.Tensor("PID", np.array([os.getpid()], np.int64))]))
+        return out
+''')
+
+
+@pytest.fixture(scope="module")
+def placed(tmp_path_factory):
+    repo = _repo(tmp_path_factory.mktemp("workers-placed"), "whoami", "repeater")
+    (repo / "placed" / "1").mkdir(parents=True)
+    (repo / "placed" / "config.pbtxt").write_text(PLACED[0])
+    (repo / "placed" / "1" / "model.py").write_text(PLACED[1])
+    config = (repo / "repeater" / "config.pbtxt").read_text()
+    (repo / "repeater" / "config.pbtxt").write_text(
+        config + '\nparameters { key: "trident_placement" value: { string_value: "one" } }\n')
+    server = start_server("--workers", "2", "--model-control-mode", "explicit", "--load-model", "*",
+                          repo=repo, timeout=180)
+    server.repo = repo  # type: ignore[attr-defined]
+    yield server
+    assert server.stop() == 0
+
+
+def _placed_infer(client, mod, x: np.ndarray) -> tuple[np.ndarray, int]:
+    inp = mod.InferInput("IN", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, **({"binary_data": True} if mod is httpclient else {}))
+    result = client.infer("placed", [inp])
+    return result.as_numpy("OUT"), int(result.as_numpy("PID")[0])
+
+
+def test_a_placed_model_is_loaded_once_and_served_from_every_worker(placed):
+    pids = worker_pids(placed)
+    loaded = sorted(int(p.name.split("-")[1]) for p in (placed.repo / "placed").glob("loaded-*"))
+    assert len(loaded) == 1 and loaded[0] in pids  # one worker ran initialize
+    owner = loaded[0]
+    big = np.random.default_rng(0).random(262_144, dtype=np.float32)  # 1 MiB: through the arenas
+    for pid in pids:
+        for protocol, mod in (("http", httpclient), ("grpc", grpcclient)):
+            client = client_on(placed, pid, protocol)
+            try:
+                assert client.is_model_ready("placed")
+                for x in (np.arange(4, dtype=np.float32), big):
+                    out, served_by = _placed_infer(client, mod, x)
+                    assert served_by == owner and np.array_equal(out, x * 2)
+                meta = client.get_model_metadata("placed")
+                assert (meta["name"] if protocol == "http" else meta.name) == "placed"
+            finally:
+                client.close()
+    stats = httpclient.InferenceServerClient(placed.http_url).get_inference_statistics("placed")
+    assert stats["model_stats"][0]["inference_stats"]["success"]["count"] == 8  # each counted once
+
+
+def test_a_placed_decoupled_model_streams_from_every_worker(placed):
+    for pid in worker_pids(placed):
+        client = client_on(placed, pid, "grpc")
+        got: list[int] = []
+        done = threading.Event()
+
+        def callback(result, error, got=got, done=done):
+            if error is not None:
+                got.append(-1)
+                done.set()
+            elif result.get_response().parameters.get("triton_final_response") and not result.get_response().outputs:
+                done.set()
+            else:
+                got.append(int(result.as_numpy("OUT")[0]))
+
+        try:
+            client.start_stream(callback)
+            inputs = [grpcclient.InferInput("IN", [1], "INT32"), grpcclient.InferInput("DELAY", [1], "FP32")]
+            inputs[0].set_data_from_numpy(np.array([3], np.int32))
+            inputs[1].set_data_from_numpy(np.array([0.0], np.float32))
+            client.async_stream_infer("repeater", inputs, enable_empty_final_response=True)
+            assert done.wait(30)
+            assert got == [0, 1, 2]
+        finally:
+            client.stop_stream()
+            client.close()
+
+
+def test_a_bad_placement_is_refused_with_its_value(placed):
+    folder = placed.repo / "misplaced"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(PLACED[0].replace('"placed"', '"misplaced"').replace("worker:1", "everywhere"))
+    (folder / "1" / "model.py").write_text(PLACED[1])
+    client = httpclient.InferenceServerClient(placed.http_url)
+    try:
+        with pytest.raises(InferenceServerException) as e:
+            client.load_model("misplaced")
+        assert "unknown trident_placement 'everywhere'" in e.value.message()
+    finally:
+        client.close()
+
+
+def test_while_the_placed_worker_restarts_its_model_is_unavailable_elsewhere(placed):
+    owner = sorted(int(p.name.split("-")[1]) for p in (placed.repo / "placed").glob("loaded-*"))[-1]
+    other = next(p for p in worker_pids(placed) if p != owner)
+    client = client_on(placed, other)
+    try:
+        os.kill(owner, signal.SIGKILL)
+        time.sleep(0.3)
+        with pytest.raises(InferenceServerException) as e:
+            _placed_infer(client, httpclient, np.ones(4, np.float32))
+        assert e.value.status() == "503" and "worker 1" in e.value.message(), e.value.message()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                out, served_by = _placed_infer(client, httpclient, np.ones(4, np.float32))
+                break
+            except InferenceServerException:
+                time.sleep(0.3)
+        else:
+            raise AssertionError("the placed model did not come back")
+        assert served_by not in (owner, other) and out.tolist() == [2.0] * 4
+    finally:
+        client.close()

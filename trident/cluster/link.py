@@ -11,6 +11,7 @@ them (statistics, metrics). The requests the supervisor sends a worker are answe
 
 from __future__ import annotations
 
+import json
 import logging
 import zlib
 from dataclasses import fields
@@ -121,9 +122,13 @@ class WorkerLink:
         return peer
 
     def route_for(self, name: str, config: ModelConfig, backend: Any) -> Any:
-        """A model version's route (trident.server.model.ModelVersion.route): a sequence model's
-        requests go to the worker that owns their correlation id (:func:`sequence_owner`); a
-        model without sequences is served where it is asked. None: always here."""
+        """A model version's route (trident.server.model.ModelVersion.route): a model placed on
+        another worker (trident.cluster.placement) sends every request there; a sequence model's
+        requests go to the worker that owns their correlation id (:func:`sequence_owner`); any
+        other model is served where it is asked. None: always here."""
+        if getattr(backend, "remote", False):  # placed on another worker: everything goes there
+            placed = self.peer(backend.owner)
+            return lambda request: placed
         if self.count < 2 or config.sequence_batching is None:
             return None
         index, count, peer = self.index, self.count, self.peer
@@ -181,6 +186,18 @@ class WorkerLink:
             else:
                 await repo.unload(msg["name"], bool(msg.get("dependents")))
             return None
+        if op == "placement":
+            from trident.cluster.placement import placement_of
+
+            config = await repo.read_config(str(msg["name"]), msg.get("config"))
+            return {"owner": placement_of(str(msg["name"]), config, self.count)}
+        if op == "config_of":
+            from trident.config import config_to_json
+
+            serving = repo.serving_config(str(msg["name"]))
+            if serving is None:
+                raise unavailable(f"model '{msg['name']}' is not loaded in worker {self.index}, where it is placed")
+            return {"config": json.dumps(config_to_json(serving[0])), "versions": serving[1]}
         if op == "startup_plan":
             first, second = await repo.startup_plan()
             return {"phases": [first, second]}
@@ -252,6 +269,14 @@ class WorkerLink:
                     await repo.load_startup_model(name, gate=staged.gate)
                 elif kind == "poll":
                     await repo.poll_load(name, gate=staged.gate)
+                elif kind == "remote":
+                    from trident.cluster.remote import RemoteBackend
+                    from trident.config import config_from_json
+
+                    config = config_from_json(msg["config"])
+                    backend = RemoteBackend(config.backend or config.platform, int(msg["owner"]))
+                    await repo.load_remote(name, config, [int(v) for v in msg["versions"]], backend,
+                                           gate=staged.gate)
                 else:
                     raise invalid_arg(f"unknown kind of load '{kind}'")
             except BaseException as e:  # recorded for the supervisor; cancellation ends the worker anyway
@@ -272,7 +297,7 @@ class WorkerLink:
                 raise unavailable(f"load of '{name}' failed: {type(staged.error).__name__}: {staged.error}")
             raise unavailable(f"load of '{name}' ended before it was ready")
         assert staged.config is not None
-        return {"config": config_to_json(staged.config), "versions": staged.versions}
+        return {"config": json.dumps(config_to_json(staged.config)), "versions": staged.versions}
 
     async def _decide(self, msg: dict[str, Any], commit: bool) -> dict[str, Any] | None:
         """Phase two: swap the prepared versions in (commit) or unload them (abort). A commit

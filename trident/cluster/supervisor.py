@@ -269,7 +269,9 @@ class Supervisor:
     async def _transact(self, kind: str, name: str, config: str | None = None, files: Any = None,
                         targets: list[Worker] | None = None) -> None:
         """Load ``name`` in every worker of ``targets`` (default: all live), in two phases (see
-        the module). Raises the first failure; nothing changed anywhere then."""
+        the module); a model placed on one worker (trident.cluster.placement) is loaded there
+        first, and the others load the config it ended with. Raises the first failure; nothing
+        changed anywhere then."""
         targets = self.live() if targets is None else targets
         if not targets:
             raise unavailable("no worker is running")
@@ -278,19 +280,47 @@ class Supervisor:
         prepared: list[Worker] = []
         failures: list[TritonError] = []
 
-        async def prepare(worker: Worker) -> None:
+        async def prepare(worker: Worker, **fields: Any) -> dict[str, Any] | None:
             try:
-                await worker.call("prepare", txid=txid, kind=kind, name=name, config=config, files=files)
+                reply = await worker.call("prepare", txid=txid, name=name, **fields)
             except TritonError as e:
                 if e.code is Code.UNAVAILABLE and worker.channel.closed:
                     e = unavailable(f"load of '{name}' abandoned: worker {worker.index} exited during the load")
                 failures.append(e)
-            else:
-                prepared.append(worker)
+                return None
+            prepared.append(worker)
+            return reply
 
-        async with trio.open_nursery() as nursery:
-            for worker in targets:
-                nursery.start_soon(prepare, worker)
+        async def prepare_all(workers: list[Worker], **fields: Any) -> None:
+            async with trio.open_nursery() as nursery:
+                for worker in workers:
+                    nursery.start_soon(partial(prepare, worker, **fields))
+
+        try:
+            owner = (await targets[0].call("placement", name=name, config=config))["owner"]
+        except TritonError as e:
+            failures.append(e)
+            owner = None
+        if failures:
+            pass
+        elif owner is None:
+            await prepare_all(targets, kind=kind, config=config, files=files)
+        else:
+            placed = self.workers[owner]
+            final: dict[str, Any] | None = None
+            if placed is None or not placed.attached.is_set():
+                failures.append(unavailable(f"model '{name}' is placed on worker {owner}, which is not running"))
+            elif placed in targets:
+                final = await prepare(placed, kind=kind, config=config, files=files)
+            else:
+                try:
+                    final = await placed.call("config_of", name=name)
+                except TritonError as e:
+                    failures.append(e)
+            if final is not None:
+                others = [w for w in targets if w is not placed]
+                await prepare_all(others, kind="remote", config=final["config"], versions=final["versions"],
+                                  owner=owner)
         decision = "commit" if not failures else "abort"
         reason = "" if not failures else failures[0].message
         commit_errors: list[TritonError] = []

@@ -154,7 +154,7 @@ class ModelVersion:
             await self.inflight.idle.wait()
             self.reason = "unloaded"
             return
-        if self.config.model_warmup:
+        if self.config.model_warmup and not getattr(self.backend, "remote", False):  # placed elsewhere: warmed there
             self._samples = await trio.to_thread.run_sync(warmup_samples, self.config, self.model_dir)
         self.instances = await self._start_instances(instance_specs(self.config), self.config)
         async with trio.open_nursery() as nursery:

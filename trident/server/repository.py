@@ -697,6 +697,99 @@ class ModelRepository:
         merged.update(self.options.backend_config.get(backend.name, {}))
         return merged
 
+    # ---- a model another process serves (--workers placement) ----------------------------------
+
+    async def read_config(self, name: str, config_json: str | None = None) -> ModelConfig | None:
+        """``name``'s config as written (the ``config`` override of a load, else its
+        config.pbtxt), before anything completes it; None when there is none to read."""
+        if config_json:
+            try:
+                return cfg.config_from_json(config_json)
+            except TritonError:
+                return None
+        source = self.scan().get(name)
+        if source is None and self._clouds:
+            await self.refresh_cloud()
+            source = self.scan().get(name)
+        if source is None:
+            return None
+        return await trio.to_thread.run_sync(_read_raw_config, source, self.options.model_config_name,
+                                             limiter=self._io_limiter)
+
+    def serving_config(self, name: str) -> tuple[ModelConfig, list[int]] | None:
+        """The config and version numbers ``name`` serves with (None when it serves none)."""
+        rec = self._records.get(name)
+        if rec is None or not rec.versions:
+            return None
+        versions = sorted(rec.versions)
+        return rec.versions[versions[-1]].config, versions
+
+    async def load_remote(self, name: str, config: ModelConfig, versions: list[int], backend: Backend, *,
+                          gate: Gate | None = None, explicit: bool = True) -> None:
+        """Serve ``versions`` of ``name`` with the final ``config`` another process loaded them
+        with, through ``backend`` (a stand-in that holds no instance): metadata, config and
+        readiness answer here as there (``--workers`` placement). ``gate`` as in :meth:`load`.
+        Raises TritonError when a version fails to start."""
+        rec = self._records.get(name)
+        if rec is None or rec.path is None:
+            found = self.scan().get(name)
+            if found is None and self._clouds:
+                await self.refresh_cloud()
+                found = self.scan().get(name)
+            rec = self._record(name, found)
+        async with rec.lock:
+            rec.loading = True
+            try:
+                await self._load_remote_locked(rec, config, versions, backend, gate)
+                rec.explicit = rec.explicit or explicit
+            finally:
+                rec.loading = False
+
+    async def _load_remote_locked(self, rec: _Record, config: ModelConfig, versions: list[int], backend: Backend,
+                                  gate: Gate | None) -> None:
+        name = rec.name
+        model_dir = rec.path if isinstance(rec.path, Path) else Path(tempfile.gettempdir())
+        fresh: dict[int, ModelVersion] = {}
+        failures: dict[int, str] = {}
+
+        async def start_version(v: int) -> None:
+            mv = ModelVersion(name, v, copy.deepcopy(config), backend, model_dir, server=self._server)
+            try:
+                await self._nursery.start(mv.serve)
+            except TritonError as e:
+                failures[v] = e.message
+            else:
+                fresh[v] = mv
+
+        async with trio.open_nursery() as nursery:
+            for v in versions:
+                nursery.start_soon(start_version, v)
+        try:
+            if failures:
+                detail = "; ".join(f"version {v} is at UNAVAILABLE state: {r}" for v, r in sorted(failures.items()))
+                raise invalid_arg(f"load failed for model '{name}': {detail}")
+            if gate is not None:
+                await gate(config, sorted(fresh))
+        except BaseException as e:
+            with trio.CancelScope(shield=True):
+                for mv in fresh.values():
+                    mv.request_unload()
+                for mv in fresh.values():
+                    await mv.stopped.wait()
+            if isinstance(e, TritonError) and not rec.versions:
+                rec.failed = {-1: e.message}
+            raise
+        source = rec.path
+        fingerprint = (await self._source_fingerprint(source)) if source is not None else ()
+        old = rec.versions
+        rec.versions = fresh
+        rec.failed = {}
+        rec.unloaded = set()
+        rec.fingerprint = fingerprint
+        self._nursery.start_soon(self._unload_versions, list(old.values()), None)
+        rec.composing = []
+        log.info("'%s' version(s) %s are served by another worker; requests for them go there", name, sorted(fresh))
+
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """The unload API (explicit mode only): drain and unload every version of ``name``.
 
@@ -946,6 +1039,24 @@ def _log_unlogged(error: TritonError) -> None:
     """Log a failed load's error unless the load attempt logged it already (with its time)."""
     if not getattr(error, "load_logged", False):
         log.error("%s", error.message)
+
+
+def _read_raw_config(source: Source, config_name: str = "") -> ModelConfig | None:
+    """A model's config as written, from its folder or its cloud objects (None when it has
+    none, or it does not parse)."""
+    from trident.protocol.pbtxt import parse_pbtxt
+
+    try:
+        if isinstance(source, RemoteModel):
+            text = None
+            if config_name:
+                text = source.repo.read_text(source.name, f"configs/{config_name}.pbtxt")
+            if text is None:
+                text = source.repo.read_text(source.name, cfg.CONFIG_FILENAME)
+            return parse_pbtxt(text) if text is not None else None
+        return cfg.read_model_config(source, config_name=config_name)
+    except (TritonError, OSError):
+        return None
 
 
 def _remote_is_ensemble(source: RemoteModel, config_name: str = "") -> bool:
