@@ -19,7 +19,7 @@ import trio
 
 from trident.errors import TritonError, invalid_arg, unavailable
 from trident.grpc.transport import Call, GrpcError, Later, Method
-from trident.observability.logs import serving
+from trident.observability.logs import serving, serving_of
 from trident.observability.trace import TraceParent, parse_traceparent
 from trident.protocol import grpc_codec, grpc_messages
 from trident.protocol.generated import inference as pb
@@ -310,7 +310,7 @@ class InferenceService:
     async def model_infer(self, call: Call, data: bytearray) -> tuple[list[Any], int]:
         """ModelInfer. Raises TritonError (decoupled models: UNSUPPORTED -> UNIMPLEMENTED)."""
         request = await self._request(call, data)
-        token = serving.set(request)  # the lines logged meanwhile name the request
+        token = serving.set(serving_of(request))  # the lines logged meanwhile name the request
         try:
             shm_outputs = self._check_shm_outputs(request)
             response = await self.server.infer(request, endpoint="ModelInfer RPC")
@@ -332,7 +332,7 @@ class InferenceService:
         context = self._trace_context(call)
         if context is not None:
             request.trace = context
-        token = serving.set(request)  # the lines logged meanwhile name the request
+        token = serving.set(serving_of(request))  # the lines logged meanwhile name the request
         try:
             shm_outputs = self._check_shm_outputs(request)
             result: InferenceResponse | Completion | Awaitable[InferenceResponse]
@@ -365,7 +365,7 @@ class InferenceService:
 
     async def _encode_later(self, call: Call, result: Awaitable[InferenceResponse],
                             shm_outputs: dict[str, Any] | None, request: InferenceRequest) -> tuple[list[Any], int]:
-        token = serving.set(request)  # the lines logged meanwhile name the request
+        token = serving.set(serving_of(request))  # the lines logged meanwhile name the request
         try:
             return self._encode(call, await result, shm_outputs)
         finally:
@@ -410,7 +410,7 @@ class InferenceService:
                 nursery.start_soon(self._stream_one, call, request, slots)
 
     async def _stream_one(self, call: Call, request: InferenceRequest, slots: trio.Semaphore) -> None:
-        serving.set(request)  # a task of its own: the lines logged in it name the request
+        serving.set(serving_of(request))  # a task of its own: the lines logged in it name the request
         empty_final = request.parameters.get("triton_enable_empty_final_response") is True
         stub = InferenceResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
         shm_outputs = _shm_outputs(request)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from trident.errors import Code, TritonError, http_status, invalid_arg
 from trident.http import offload
-from trident.observability.logs import serving
+from trident.observability.logs import serving, serving_of
 from trident.observability.trace import TraceParent, parse_traceparent
 from trident.protocol import kserve
 from trident.restricted import HTTP_MESSAGE, http_restrictions
@@ -193,7 +193,7 @@ class InferEndpoint:
             del body
             if context is not None:
                 request.trace = context
-            token = serving.set(request)
+            token = serving.set(serving_of(request))
             output_view = self._prepare(headers, request)
             response = run(request, False)
             if response is LATER:
@@ -283,7 +283,7 @@ class InferEndpoint:
             request.trace = context
         error: Exception | None = None
         reply = None
-        token = serving.set(request)
+        token = serving.set(serving_of(request))
         try:
             output_view = self._prepare(headers, request)
             reply = await _respond(run(request, True), request.outputs, binary_default, accept_encoding, output_view)

@@ -34,7 +34,7 @@ logging.addLevelName(VERBOSE, "VERBOSE")
 _LETTERS = {logging.ERROR: "E", logging.WARNING: "W", logging.INFO: "I", VERBOSE: "I", logging.CRITICAL: "E"}
 FORMATS = ("default", "ISO8601", "json")
 
-#: what is being served in this task or thread: an InferenceRequest (anything with
+#: what is being served in this task or thread: a :class:`Serving` (anything with
 #: ``model_name``, ``model_version``, ``id`` and ``trace``), a :class:`ModelCall`, or None. trio
 #: copies it into child tasks and ``trio.to_thread.run_sync`` threads (and ``trio.from_thread``
 #: back into trio), so the lines a request causes anywhere below its task carry it.
@@ -45,6 +45,22 @@ SERVING_KEY = "trident_serving"
 MAX_IDS = 8  # request ids a line of a batch names (then the batch size says how many there were)
 _MAX_ID_CHARS = 128  # an id longer than this is cut on the line (a client chooses it)
 _NONE: Any = object()
+
+
+class Serving(NamedTuple):
+    """What :data:`serving` holds for a request: its names, not the request itself (a context
+    outlives its task in the tasks and threads started meanwhile, and must not keep a request's
+    tensors, or a client's shared memory, alive)."""
+
+    model_name: str
+    model_version: str
+    id: str
+    trace: Any
+
+
+def serving_of(request: Any) -> Serving:
+    """The :data:`serving` value of ``request`` (an InferenceRequest)."""
+    return Serving(request.model_name, request.model_version, request.id, request.trace)
 
 
 class ModelCall(NamedTuple):
