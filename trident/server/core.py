@@ -453,12 +453,17 @@ async def open_server(options: ServerOptions | None = None,
                       log_settings: LogSettings | None = None, *, load: bool = True) -> AsyncIterator[Server]:
     """A running server without front ends (in-process use and the base of ``serve``).
 
+    Raises TritonError UNSUPPORTED for ``options.workers`` other than 1 (one process only).
+
     Loads the models the control mode asks for before yielding (with ``load=False`` the caller
     does, with :meth:`Server.load_models`: ``serve`` listens first, and the server is not ready
     until that load has run); on exit drains in-flight requests (up to ``exit_timeout_secs``)
     and unloads every model.
     """
     options = options or ServerOptions()
+    if options.workers != 1:  # the in-process API is one process: --workers is trident serve's
+        raise unsupported(f"workers={options.workers}: an in-process server runs in this process only; "
+                          "several worker processes are a `trident serve --workers` feature")
     async with trio.open_nursery() as repository_nursery:
         server = Server(options, repository_nursery, log_settings)
         # not ready before the start-up load: front ends that listen first answer not ready

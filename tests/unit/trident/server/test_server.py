@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import trio
 
-from trident.errors import TritonError
+from trident.errors import Code, TritonError
 from trident.options import EXAMPLE_REPOSITORY, ServerOptions
 from trident.server import open_server
 from trident.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor, TensorMetadata
@@ -353,3 +353,11 @@ async def test_an_inline_request_is_answered_however_the_model_answers(tmp_path,
         stats = server.model_statistics("modes")[0]
         assert stats.success.count == 3 and stats.fail.count == 2
         assert stats.execution_count == 5 and stats.inference_count == 5
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+async def test_the_in_process_server_is_one_process(workers):
+    with pytest.raises(TritonError) as e:
+        async with open_server(ServerOptions(workers=workers)):
+            pass
+    assert e.value.code is Code.UNSUPPORTED and "trident serve --workers" in e.value.message
