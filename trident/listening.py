@@ -63,11 +63,15 @@ def take_inherited(port: int) -> list[socket.socket]:
 
 
 class TcpListener:
-    """One listening socket. Owned by the task that serves it; :meth:`close` releases it."""
+    """One listening socket. Owned by the task that serves it; :meth:`close` releases it.
 
-    def __init__(self, sock: socket.socket) -> None:
+    ``accept_batch``: the most connections taken from the kernel's queue at once (1 for a queue
+    shared with other processes, so that each takes its share)."""
+
+    def __init__(self, sock: socket.socket, accept_batch: int = 0) -> None:
         sock.setblocking(False)
         self.socket = sock
+        self.accept_batch = accept_batch or ACCEPT_BATCH
 
     def port(self) -> int:
         return int(self.socket.getsockname()[1])
@@ -117,9 +121,14 @@ async def open_tcp_listeners(port: int, *, host: str | None = None, backlog: int
     Raises OSError when an address cannot be bound (the listeners opened so far are closed)."""
     handed = take_inherited(port)
     if handed:
+        given = []
         for sock in handed:
-            sock.listen(backlog)  # handed down bound: listening starts when this process serves
-        return [TcpListener(sock) for sock in handed]
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                given.append(TcpListener(sock, accept_batch=1))  # one queue for several processes
+            else:
+                sock.listen(backlog)  # this process's own: it listens once it serves
+                given.append(TcpListener(sock))
+        return given
     addresses = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     listeners: list[TcpListener] = []
     unsupported: list[OSError] = []
@@ -179,7 +188,7 @@ async def serve_listener(listener: TcpListener, slots: trio.Semaphore, start: Ca
     while True:
         if slots.value == 0:
             at_limit()
-        taken = await acquire_slots(slots, ACCEPT_BATCH)
+        taken = await acquire_slots(slots, listener.accept_batch)
         try:
             streams = await listener.accept_waiting(taken)
         except OSError as exc:

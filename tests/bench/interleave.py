@@ -6,7 +6,7 @@ flags, tritonclient aio through ``v2bench.py pyload``) pinned to ``--client-cpus
 bodies ``v2bench.py`` sends. For each case the servers run back to back, ``--rounds`` times, the
 order reversed every other round, each run after a 1 s warm-up; server CPU per request is read
 from /proc around the measured run (the process and its children). Prints one line per case:
-median req/s, p50/p99 ms and CPU ms per request per server, then the ratio of the first server's
+median req/s, p50/p99 ms, server CPU ms per request and the load tool's ("tool") per server, then the ratio of the first server's
 medians to each other's with the range of the paired (same-round) ratios::
 
     python tests/bench/interleave.py --rounds 3 --duration 3 \\
@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -118,7 +119,16 @@ class Runner:
             f"http://127.0.0.1:{server.grpc}{self.vb.GRPC_PATH}"]
 
     def one(self, case: str, conc: int, server: Server) -> dict[str, float]:
-        """One measured run: req/s, p50/p99 ms, errors and server CPU ms per request."""
+        """One measured run: req/s, p50/p99 ms, errors, server CPU ms per request, and the load
+        tool's own CPU ms per request (``ccpu``, its warm-up included: an upper bound)."""
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        result = self._one(case, conc, server)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        tool = (after.ru_utime + after.ru_stime) - (usage.ru_utime + usage.ru_stime)
+        result["ccpu"] = 1e3 * tool / max(result["rps"] * self.args.duration, 1)
+        return result
+
+    def _one(self, case: str, conc: int, server: Server) -> dict[str, float]:
         seconds = self.args.duration
         if case in ("hs", "ha", "hb", "hj"):
             subprocess.run(self._wrk(server, case, conc, 1), capture_output=True, check=False)
@@ -200,7 +210,7 @@ def main() -> int:
                 return statistics.median(x[key] for x in rows)
 
             line.append(f"{s.name} {med('rps'):,.0f} ({med('p50'):.2f}/{med('p99'):.2f}) cpu {med('cpu'):.3f} "
-                        f"err {sum(int(x['errors']) for x in rows)}")
+                        f"tool {med('ccpu'):.3f} err {sum(int(x['errors']) for x in rows)}")
         first = servers[0].name
         for s in servers[1:]:
             ratios = [a["rps"] / b["rps"] for a, b in zip(results[first], results[s.name], strict=True)]

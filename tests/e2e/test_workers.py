@@ -819,3 +819,55 @@ def test_while_the_placed_worker_restarts_its_model_is_unavailable_elsewhere(pla
         assert served_by not in (owner, other) and out.tolist() == [2.0] * 4
     finally:
         client.close()
+
+
+def test_a_worker_killed_during_a_load_fails_that_load_alone(cluster, pids):
+    """The load call gets UNAVAILABLE naming the worker; no worker keeps the model; the worker
+    comes back in step; the same load then succeeds everywhere."""
+    folder = cluster.repo / "sleepy"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(SLOW[0].replace('name: "slow"', 'name: "sleepy"'))
+    (folder / "1" / "model.py").write_text(SLOW[1].replace(
+        "class TritonPythonModel:", "class TritonPythonModel:\n    def initialize(self, args):\n"
+        "        time.sleep(3)\n"))
+    victim = worker_pids(cluster)[0]
+    outcome: list[str] = []
+    in_step = cluster.log().count("is in step with the others")
+
+    def load() -> None:
+        client = httpclient.InferenceServerClient(cluster.http_url, network_timeout=120)
+        try:
+            client.load_model("sleepy")
+            outcome.append("loaded")
+        except InferenceServerException as e:
+            outcome.append(e.message())
+        finally:
+            client.close()
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    time.sleep(1.5)  # both workers are in the model's initialize
+    os.kill(victim, signal.SIGKILL)
+    thread.join(60)
+    assert len(outcome) == 1 and "exited during the load" in outcome[0], outcome
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and cluster.log().count("is in step with the others") == in_step:
+        time.sleep(0.2)
+    now = worker_pids(cluster)
+    assert len(now) == 2 and victim not in now
+    clients = [client_on(cluster, pid) for pid in now]
+    try:
+        for client in clients:  # the failed load is the same failure everywhere, the new worker included
+            assert not client.is_model_ready("sleepy")
+            assert client.is_model_ready("add_sub")
+            row = next(m for m in client.get_model_repository_index() if m["name"] == "sleepy")
+            assert row["state"] == "UNAVAILABLE" and "exited during the load" in row["reason"]
+            assert not client.is_server_ready()  # strict readiness: a model failed to load
+        clients[0].load_model("sleepy")
+        assert all(client.is_model_ready("sleepy") for client in clients)
+        assert all(client.is_server_ready() for client in clients)
+        clients[1].unload_model("sleepy")
+    finally:
+        for client in clients:
+            client.close()
+    pids[:] = sorted(now)

@@ -8,7 +8,8 @@ tensors of :data:`SHARED_MIN` bytes or more when the arena has room. So a large 
 once, by one copy into memory both processes map, instead of through a socket.
 
 Kinds: ``req`` (a request: ``rid``, model, version, id, parameters, requested outputs, inputs,
-``stream``: every response is wanted, not only the one of a unary call), ``res`` (a response:
+the client's W3C trace context, ``stream``: every response is wanted, not only the one of a
+unary call), ``res`` (a response:
 ``rid``, outputs, parameters, ``error``, ``final``, ``flag_only``; ``done``: the request is
 over in the worker that ran it, so the arena space of its inputs may be reused), ``cancel``
 (``rid``: the client went away) and ``rel`` (``offs``: arena allocations the receiver of a
@@ -28,6 +29,7 @@ import numpy as np
 import orjson
 
 from trident.errors import Code, TritonError
+from trident.observability.trace import TraceParent, parse_traceparent
 from trident.protocol import datatypes
 from trident.types import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
@@ -85,9 +87,12 @@ def encode_request(rid: int, request: InferenceRequest, *, stream: bool, allocat
     used: list[int] = []
     parts: list[bytes | memoryview] = []
     inputs, size = _place(request.inputs, allocate, arena, parts, used)
+    trace = request.trace
     header = {"k": "req", "rid": rid, "stream": stream, "model": request.model_name,
               "version": request.model_version, "id": request.id, "params": request.parameters,
-              "outputs": [[o.name, o.parameters or None] for o in request.outputs], "inputs": inputs}
+              "outputs": [[o.name, o.parameters or None] for o in request.outputs], "inputs": inputs,
+              # the client's W3C trace context goes along (trident.observability.trace.TraceParent)
+              "trace": [trace.traceparent(), trace.tracestate] if isinstance(trace, TraceParent) else None}
     return _frame(header, parts, size), used
 
 
@@ -182,9 +187,13 @@ def decode_request(header: dict[str, Any], payload: bytes | bytearray, arena: me
     (the sender's, mapped here). Raises ForwardWireError."""
     try:
         outputs = [RequestedOutput(str(name), dict(params or {})) for name, params in header["outputs"]]
-        return InferenceRequest(
+        request = InferenceRequest(
             model_name=str(header["model"]), model_version=str(header["version"]), id=str(header["id"]),
             inputs=_tensors(header["inputs"], payload, arena), outputs=outputs, parameters=dict(header["params"]))
+        trace = header.get("trace")
+        if trace:
+            request.trace = parse_traceparent(str(trace[0]), str(trace[1] or ""))
+        return request
     except (KeyError, TypeError, ValueError) as e:
         raise ForwardWireError(f"bad forwarded request: {e}") from None
 

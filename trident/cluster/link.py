@@ -198,6 +198,9 @@ class WorkerLink:
             if serving is None:
                 raise unavailable(f"model '{msg['name']}' is not loaded in worker {self.index}, where it is placed")
             return {"config": json.dumps(config_to_json(serving[0])), "versions": serving[1]}
+        if op == "mark_failed":
+            repo.record_failure(str(msg["name"]), str(msg["reason"]))
+            return None
         if op == "startup_plan":
             first, second = await repo.startup_plan()
             return {"phases": [first, second]}

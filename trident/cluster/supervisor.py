@@ -78,7 +78,8 @@ class Worker:
 class Desired:
     """What every worker must have: applied again to a worker started anew."""
 
-    #: model -> ("api", config, files) for the load API's last load, or ("unloaded",) (in the
+    #: model -> ("api", config, files) for the load API's last load, ("unloaded",), or
+    #: ("failed", reason) for a load that failed and left the model serving nowhere (in the
     #: order of the last change); models loaded at start-up and never touched are not here
     models: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     #: shared-memory region -> (operation, fields) of its registration
@@ -107,7 +108,7 @@ def _exit_text(status: int) -> str:
 class Supervisor:
     """The supervisor of ``count`` workers serving ``options`` (see the module)."""
 
-    def __init__(self, options: ServerOptions, count: int, ports: list[Port]) -> None:
+    def __init__(self, options: ServerOptions, count: int, ports: list[Port], usable_cpus: int = 0) -> None:
         self.options = options
         self.count = count
         self.ports = ports
@@ -124,6 +125,11 @@ class Supervisor:
         self._nursery: trio.Nursery | None = None
         # what a worker is told: serve these options as one worker, on the bound ports
         self.worker_options = ServerOptions(**{**options_to_wire(options), "workers": 1})
+        if options.busy_poll_us and usable_cpus and count >= usable_cpus:
+            # a worker spinning for its next request spins on a CPU another worker needs
+            self.worker_options.busy_poll_us = 0
+            log.info("--busy-poll-us %d is not used: %d workers share %d CPU(s), and a worker polling for its "
+                     "next request would hold a CPU another one needs", options.busy_poll_us, count, usable_cpus)
         for port in ports:
             if port.name == "HTTP":
                 self.worker_options.http_port = port.port
@@ -229,7 +235,11 @@ class Supervisor:
         if op == "load":
             files = msg.get("files")
             async with self.control:
-                await self._transact("api", msg["name"], msg.get("config"), files)
+                try:
+                    await self._transact("api", msg["name"], msg.get("config"), files)
+                except TritonError:
+                    await self._remember_failure(msg["name"])
+                    raise
                 self.desired.set_model(msg["name"], ("api", msg.get("config"), files))
             return None
         if op == "unload":
@@ -340,6 +350,20 @@ class Supervisor:
             log.error("load of '%s': a worker failed to swap the loaded versions in: %s", name,
                       commit_errors[0].message)
             raise commit_errors[0]
+
+    async def _remember_failure(self, name: str) -> None:
+        """After a failed load: a model that serves nowhere now is recorded as failed, so that a
+        worker started anew says so too (not ready, the same reason in the index)."""
+        live = self.in_step()
+        if not live:
+            return
+        try:
+            rows = (await live[0].call("index"))["index"]
+        except TritonError:
+            return
+        mine = [row for row in rows if row[0] == name]
+        if mine and not any(row[2] == "READY" for row in mine) and mine[0][2] == "UNAVAILABLE":
+            self.desired.set_model(name, ("failed", mine[0][3]))
 
     async def _broadcast(self, op: str, fields: dict[str, Any]) -> dict[str, Any]:
         """A setting or registration in every worker; the first worker's result. A registration
@@ -474,6 +498,8 @@ class Supervisor:
                     try:
                         if state[0] == "api":
                             await self._transact("api", name, state[1], state[2], targets=[worker])
+                        elif state[0] == "failed":
+                            await worker.call("mark_failed", name=name, reason=state[1])
                         else:
                             await worker.call("unload", name=name, dependents=False)
                     except TritonError as e:
@@ -634,7 +660,7 @@ async def serve_supervisor(options: ServerOptions) -> int:
     except StartupFailed as e:
         log.error("%s", e)
         return 1
-    supervisor = Supervisor(options, count, ports)
+    supervisor = Supervisor(options, count, ports, usable)
     status = 0
     try:
         async with trio.open_nursery() as nursery:

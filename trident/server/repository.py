@@ -716,6 +716,13 @@ class ModelRepository:
         return await trio.to_thread.run_sync(_read_raw_config, source, self.options.model_config_name,
                                              limiter=self._io_limiter)
 
+    def record_failure(self, name: str, reason: str) -> None:
+        """A load of ``name`` failed elsewhere (the other workers of ``--workers``): unless it
+        serves here, it is recorded as failed with ``reason``, as where the load ran."""
+        rec = self._records.get(name) or self._record(name, self.scan().get(name))
+        if not rec.versions:
+            rec.failed = {-1: reason}
+
     def serving_config(self, name: str) -> tuple[ModelConfig, list[int]] | None:
         """The config and version numbers ``name`` serves with (None when it serves none)."""
         rec = self._records.get(name)

@@ -54,6 +54,17 @@ def test_a_small_request_travels_inline():
     got.inputs[0].data[0] = 9  # a model may write to its inputs
 
 
+def test_the_clients_trace_context_goes_along():
+    from trident.observability.trace import parse_traceparent
+
+    request = _request()
+    request.trace = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "k=v")
+    got = decode_request(*_one(encode_request(1, request, stream=False)[0]), None)
+    assert got.trace.traceparent() == "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert got.trace.tracestate == "k=v"
+    assert decode_request(*_one(encode_request(1, _request(), stream=False)[0]), None).trace is None
+
+
 def test_a_large_tensor_goes_through_the_arena():
     arena = Arena(8 * SHARED_MIN)
     try:
