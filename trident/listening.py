@@ -26,6 +26,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Collection
+from typing import Any
 
 import trio
 
@@ -112,6 +113,17 @@ class TcpListener:
             self.socket.close()
 
 
+def bind_tcp(sock: socket.socket, sockaddr: tuple[Any, ...], *, reuse_port: bool = False) -> None:
+    """Bind a TCP socket as listeners here are bound: ``SO_REUSEADDR``, ``SO_REUSEPORT`` with
+    ``reuse_port``, an IPv6 socket IPv6-only. Raises OSError."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if sock.family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    sock.bind(sockaddr)
+
+
 async def open_tcp_listeners(port: int, *, host: str | None = None, backlog: int = 1024,
                              reuse_port: bool = False) -> list[TcpListener]:
     """Listen on ``port`` at every address ``host`` resolves to (None: the IPv4 and IPv6 wildcards),
@@ -142,12 +154,7 @@ async def open_tcp_listeners(port: int, *, host: str | None = None, backlog: int
                 unsupported.append(exc)
                 continue
             try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if reuse_port:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-                if family == socket.AF_INET6:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.bind(sockaddr)
+                bind_tcp(sock, sockaddr, reuse_port=reuse_port)
                 sock.listen(backlog)
             except BaseException:
                 sock.close()

@@ -14,7 +14,6 @@ import logging
 import os
 import random
 import signal
-import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +21,10 @@ import trio
 
 from trident.batching import rounds
 from trident.errors import TritonError
-from trident.observability.logs import VERBOSE, LogSettings
+from trident.observability.logs import VERBOSE
 from trident.options import ServerOptions
 from trident.server import Server, open_server
-from trident.startup import log_startup_notes, startup_problem, startup_tables
+from trident.startup import check_start, start_logging, startup_tables
 
 if TYPE_CHECKING:
     from trident.cluster.link import WorkerLink
@@ -202,18 +201,11 @@ async def serve(options: ServerOptions, *, link: WorkerLink | None = None) -> in
 
         return await serve_supervisor(options)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        log_settings = LogSettings.from_options(options)
-        try:
-            log_settings.install()
-        except OSError as e:  # --log-file cannot be opened: nothing could be logged
-            sys.stderr.write(f"error: cannot open --log-file '{options.log_file}': {e.strerror or e}\n")
+        log_settings = start_logging(options)
+        if log_settings is None:
             return 1
-        if link is None:
-            problem = startup_problem(options)
-            if problem is not None:
-                log.error("error: creating server: %s", problem)
-                return 1
-            log_startup_notes(options)
+        if link is None and not check_start(options):
+            return 1
         tuned = tune_malloc()
         if tuned:
             log.debug("malloc: %s", ", ".join(tuned))

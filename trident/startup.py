@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trident
 from trident.errors import TritonError
+from trident.observability.logs import LogSettings
 from trident.options import ServerOptions
 from trident.server import EXTENSIONS
 from trident.server.cloud_repository import is_cloud_url, parse_cloud_url
@@ -25,6 +27,29 @@ if TYPE_CHECKING:
     from trident.server import Server
 
 log = logging.getLogger("trident.serve")
+
+
+def start_logging(opts: ServerOptions) -> LogSettings | None:
+    """Install the log settings of ``opts`` (the ``trident`` loggers' handler); None, after one
+    line on stderr, when ``--log-file`` cannot be opened (nothing could be logged)."""
+    settings = LogSettings.from_options(opts)
+    try:
+        settings.install()
+    except OSError as e:
+        sys.stderr.write(f"error: cannot open --log-file '{opts.log_file}': {e.strerror or e}\n")
+        return None
+    return settings
+
+
+def check_start(opts: ServerOptions) -> bool:
+    """The checks and notes of a start: False, after one error line, when the server cannot
+    start (:func:`startup_problem`); else the notes are logged (:func:`log_startup_notes`)."""
+    problem = startup_problem(opts)
+    if problem is not None:
+        log.error("error: creating server: %s", problem)
+        return False
+    log_startup_notes(opts)
+    return True
 
 
 def startup_problem(opts: ServerOptions) -> str | None:

@@ -22,6 +22,26 @@ log = logging.getLogger("trident.cluster")
 Handler = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any] | None]]
 
 
+async def pump_frames(stream: trio.abc.ReceiveStream, feed: Callable[[bytes | bytearray], list[Any]],
+                      handle: Callable[[list[Any]], Awaitable[None]], bad: type[Exception], what: str) -> None:
+    """Hand ``handle`` the frames ``feed`` makes of the bytes ``stream`` receives, a batch per
+    read, until the peer closes the stream, or sends bytes ``feed`` refuses with ``bad`` (logged,
+    naming ``what``). The stream is the caller's to close. Cancellation stops reading."""
+    while True:
+        try:
+            data = await stream.receive_some(1 << 20)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        if not data:
+            return
+        try:
+            frames = feed(data)
+        except bad as e:
+            log.error("%s: %s; closing it", what, e)
+            return
+        await handle(frames)
+
+
 class ChannelClosed(TritonError):
     """The other process is gone (it exited, or closed the channel)."""
 
@@ -101,21 +121,9 @@ class ControlChannel:
         logged and becomes INTERNAL). Returns at end of stream; calls still waiting then get
         ChannelClosed. Cancellation stops reading and cancels the handlers still running.
         """
-        reader = FrameReader()
         try:
             async with trio.open_nursery() as nursery:
-                while True:
-                    try:
-                        data = await self.stream.receive_some(1 << 20)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        data = b""
-                    if not data:
-                        break
-                    try:
-                        messages = reader.feed(data)
-                    except WireError as e:
-                        log.error("control channel with %s: %s; closing it", self.peer, e)
-                        break
+                async def dispatch(messages: list[dict[str, Any]]) -> None:
                     for message in messages:
                         if "re" in message:
                             waiter = self._waiting.get(message["re"])
@@ -124,6 +132,9 @@ class ControlChannel:
                                 waiter.done.set()
                         else:
                             nursery.start_soon(self._answer, handler, message)
+
+                await pump_frames(self.stream, FrameReader().feed, dispatch, WireError,
+                                  f"control channel with {self.peer}")
                 nursery.cancel_scope.cancel()
         finally:
             self._close()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from trident.cluster.arena import Arena, PeerArena
+from trident.cluster.channel import pump_frames
 from trident.cluster.forward_wire import (
     ForwardWireError,
     FrameReader,
@@ -132,21 +133,10 @@ class ForwardServer:
             return
         stream = trio.SocketStream(sock)
         link = _Link(stream)
-        reader = FrameReader()
         try:
             async with trio.open_nursery() as nursery:
-                while True:
-                    try:
-                        data = await stream.receive_some(1 << 20)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        data = b""
-                    if not data:
-                        break
-                    try:
-                        frames = reader.feed(data)
-                    except ForwardWireError as e:
-                        log.error("forwarding connection: %s; closing it", e)
-                        break
+                async def handle(frames: list[tuple[dict[str, Any], bytearray]]) -> None:
+                    assert peer is not None and own is not None
                     for header, payload in frames:
                         kind = header.get("k")
                         if kind == "req":
@@ -166,6 +156,8 @@ class ForwardServer:
                         elif kind == "rel":
                             for offset in header.get("offs", []):
                                 own.free(int(offset))
+
+                await pump_frames(stream, FrameReader().feed, handle, ForwardWireError, "a forwarding connection")
                 for request in requests.values():  # the other worker is gone: so are its clients
                     request.cancel()
         finally:
@@ -247,42 +239,34 @@ class Peer:
 
     async def _read(self, link: _Link, arena: Arena, peer: PeerArena) -> None:
         """Deliver the peer's responses until the connection ends; then fail what waits."""
-        reader = FrameReader()
         stream = link.stream
-        try:
-            while True:
-                try:
-                    data = await stream.receive_some(1 << 20)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    data = b""
-                if not data:
-                    break
-                try:
-                    frames = reader.feed(data)
-                except ForwardWireError as e:
-                    log.error("forwarding connection to worker %d: %s; closing it", self.index, e)
-                    break
-                for header, payload in frames:
-                    kind = header.get("k")
-                    entry = self._pending.get(int(header.get("rid", -1)))
-                    if kind == "res":
+
+        async def handle(frames: list[tuple[dict[str, Any], bytearray]]) -> None:
+            for header, payload in frames:
+                kind = header.get("k")
+                entry = self._pending.get(int(header.get("rid", -1)))
+                if kind == "res":
+                    try:
+                        response = decode_response(header, payload, peer.view)
+                    except ForwardWireError as e:
+                        response = InferenceResponse(error=self._gone(f"sent a bad response: {e}"))
+                    shared = [int(o[4]) for o in header.get("outputs", []) if o[3] == "s"]
+                    if shared:  # copied out: the peer may reuse that space
                         try:
-                            response = decode_response(header, payload, peer.view)
-                        except ForwardWireError as e:
-                            response = InferenceResponse(error=self._gone(f"sent a bad response: {e}"))
-                        shared = [int(o[4]) for o in header.get("outputs", []) if o[3] == "s"]
-                        if shared:  # copied out: the peer may reuse that space
-                            try:
-                                await link.write(encode_control("rel", offs=shared))
-                            except trio.BrokenResourceError:
-                                pass
-                        if entry is not None:
-                            entry.send.send_nowait(response)
-                    elif kind == "done" and entry is not None:
-                        for offset in entry.inputs:
-                            arena.free(offset)
-                        entry.send.send_nowait(_DONE)
-                        self._pending.pop(int(header["rid"]), None)
+                            await link.write(encode_control("rel", offs=shared))
+                        except trio.BrokenResourceError:
+                            pass
+                    if entry is not None:
+                        entry.send.send_nowait(response)
+                elif kind == "done" and entry is not None:
+                    for offset in entry.inputs:
+                        arena.free(offset)
+                    entry.send.send_nowait(_DONE)
+                    self._pending.pop(int(header["rid"]), None)
+
+        try:
+            await pump_frames(stream, FrameReader().feed, handle, ForwardWireError,
+                              f"the forwarding connection to worker {self.index}")
         finally:
             link.broken = True
             if self._link is link:

@@ -25,6 +25,8 @@ import errno
 import socket
 from dataclasses import dataclass, field
 
+from trident.listening import bind_tcp
+
 PER_WORKER = "per-worker"
 SHARED = "shared"
 MODES = (PER_WORKER, SHARED)
@@ -46,12 +48,7 @@ def _addresses(host: str | None, port: int) -> list[tuple[int, int, int, tuple]]
 def _bind(family: int, type_: int, proto: int, sockaddr: tuple, port: int, *, reuse_port: bool) -> socket.socket:
     sock = socket.socket(family, type_, proto)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        sock.bind((sockaddr[0], port, *sockaddr[2:]))
+        bind_tcp(sock, (sockaddr[0], port, *sockaddr[2:]), reuse_port=reuse_port)
     except BaseException:
         sock.close()
         raise

@@ -46,7 +46,6 @@ from trident.cluster.merge import merge_expositions, merge_statistics, stats_fro
 from trident.cluster.sockets import Port
 from trident.errors import Code, TritonError, unavailable
 from trident.listening import LISTEN_FDS_ENV
-from trident.observability.logs import LogSettings
 from trident.options import ServerOptions
 from trident.types import ModelStatistics
 
@@ -256,10 +255,10 @@ class Supervisor:
 
     # ---- the control plane --------------------------------------------------------------------
 
-    async def _all(self, op: str, targets: list[Worker] | None = None, **fields: Any) -> list[dict[str, Any]]:
-        """``op`` in every worker of ``targets`` (default: all live), at once; their replies in
-        worker order. Raises the first error (in time) once all have answered."""
-        targets = self.live() if targets is None else targets
+    async def _gather(self, op: str, targets: list[Worker], **fields: Any
+                      ) -> tuple[dict[int, dict[str, Any]], list[TritonError]]:
+        """``op`` in every worker of ``targets`` at once: the replies by worker index, and the
+        errors in the order they came."""
         replies: dict[int, dict[str, Any]] = {}
         errors: list[TritonError] = []
 
@@ -272,6 +271,13 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             for worker in targets:
                 nursery.start_soon(one, worker)
+        return replies, errors
+
+    async def _all(self, op: str, targets: list[Worker] | None = None, **fields: Any) -> list[dict[str, Any]]:
+        """``op`` in every worker of ``targets`` (default: all live), at once; their replies in
+        worker order. Raises the first error (in time) once all have answered."""
+        targets = self.live() if targets is None else targets
+        replies, errors = await self._gather(op, targets, **fields)
         if errors:
             raise errors[0]
         return [replies[w.index] for w in targets]
@@ -370,18 +376,7 @@ class Supervisor:
         that fails anywhere is undone where it succeeded. Raises the first error."""
         async with self.control:
             targets = self.live()
-            replies: dict[int, dict[str, Any]] = {}
-            errors: list[TritonError] = []
-
-            async def one(worker: Worker) -> None:
-                try:
-                    replies[worker.index] = (await worker.call("broadcast_local", bop=op, fields=fields))["result"]
-                except TritonError as e:
-                    errors.append(e)
-
-            async with trio.open_nursery() as nursery:
-                for worker in targets:
-                    nursery.start_soon(one, worker)
+            replies, errors = await self._gather("broadcast_local", targets, bop=op, fields=fields)
             if errors:
                 if op.startswith("shm_register"):
                     undo = {"kind": "system" if op == "shm_register_system" else "cuda", "name": fields["name"]}
@@ -392,8 +387,7 @@ class Supervisor:
                         log.error("undoing a failed registration of region '%s': %s", fields["name"], e.message)
                 raise errors[0]
             self._remember(op, fields)
-            first = min(replies) if replies else None
-            return replies[first] if first is not None else {}
+            return dict(replies[min(replies)]["result"]) if replies else {}
 
     def _remember(self, op: str, fields: dict[str, Any]) -> None:
         d = self.desired
@@ -634,19 +628,10 @@ async def _watch_signals(stop: trio.Event, *, task_status: trio.TaskStatus[None]
 async def serve_supervisor(options: ServerOptions) -> int:
     """Serve ``options`` from ``options.workers`` processes (0: one per usable CPU) until
     SIGINT/SIGTERM; returns the exit status (see the module)."""
-    from trident.startup import log_startup_notes, startup_problem
+    from trident.startup import check_start, start_logging
 
-    log_settings = LogSettings.from_options(options)
-    try:
-        log_settings.install()
-    except OSError as e:
-        sys.stderr.write(f"error: cannot open --log-file '{options.log_file}': {e.strerror or e}\n")
+    if start_logging(options) is None or not check_start(options):
         return 1
-    problem = startup_problem(options)
-    if problem is not None:
-        log.error("error: creating server: %s", problem)
-        return 1
-    log_startup_notes(options)
     usable = available_cpus()
     count = options.workers or usable
     if options.workers and count > affinity_cpus():
