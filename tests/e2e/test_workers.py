@@ -830,23 +830,27 @@ def test_a_worker_killed_during_a_load_fails_that_load_alone(cluster, pids):
     (folder / "1" / "model.py").write_text(SLOW[1].replace(
         "class TritonPythonModel:", "class TritonPythonModel:\n    def initialize(self, args):\n"
         "        time.sleep(3)\n"))
-    victim = worker_pids(cluster)[0]
+    victim, survivor = worker_pids(cluster)
     outcome: list[str] = []
     in_step = cluster.log().count("is in step with the others")
 
-    def load() -> None:
-        client = httpclient.InferenceServerClient(cluster.http_url, network_timeout=120)
+    def load() -> None:  # through the worker that stays (the victim's own connections end with it)
+        client = client_on(cluster, survivor)
         try:
             client.load_model("sleepy")
             outcome.append("loaded")
         except InferenceServerException as e:
             outcome.append(e.message())
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            outcome.append(repr(e))
         finally:
             client.close()
 
     thread = threading.Thread(target=load)
     thread.start()
-    time.sleep(1.5)  # both workers are in the model's initialize
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and cluster.log().count("loading 'sleepy'") < 2:
+        time.sleep(0.05)  # until both workers are in the model's initialize
     os.kill(victim, signal.SIGKILL)
     thread.join(60)
     assert len(outcome) == 1 and "exited during the load" in outcome[0], outcome
