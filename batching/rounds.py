@@ -11,7 +11,8 @@ the hops to the batcher task and the worker task (:meth:`DynamicScheduler.claim`
 
 :class:`Round` learns the batch's size when the round starts, through a trio instrument hook
 (``after_io_wait``, which runs once per round, after the poll has woken its tasks) reading
-the length of trio's run queue, a private name. Where that name is missing (another trio),
+the length of trio's run queue, a private name (:func:`trident.trio_private.run_queue`). Where
+that name is missing (another trio),
 :func:`current` gives a round that is never alone, and every batching request takes the
 batcher, as before. A front end that holds several requests from one read (HTTP/2 streams
 multiplexed on one connection) calls :meth:`Round.crowd`: none of them is alone then.
@@ -40,6 +41,8 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
+
+from trident import trio_private
 
 __all__ = ["Round", "current"]
 
@@ -113,7 +116,7 @@ class Round(trio.abc.Instrument):
             self.window = 0.0
             return True
         if self._poller is None:
-            fd = _epoll_fd()
+            fd = trio_private.epoll_fd()
             if fd is None:
                 return False
             poller = select.poll()
@@ -148,33 +151,11 @@ def current() -> Round:
     round_ = _CURRENT.get()
     if round_ is not None:
         return round_
-    round_ = Round(_run_queue())
+    round_ = Round(trio_private.run_queue())
     trio.lowlevel.add_instrument(round_)
     _CURRENT.set(round_)
     return round_
 
 
-def _run_queue() -> deque[Any] | None:
-    """trio's run queue (a private name), or None where this trio has no such thing."""
-    try:
-        from trio._core._run import GLOBAL_RUN_CONTEXT
-
-        runq = GLOBAL_RUN_CONTEXT.runner.runq
-    except (ImportError, AttributeError):
-        return None
-    return runq if isinstance(runq, deque) else None
-
-
 def _nothing() -> None:
     """Run by the loop after a busy poll that caught nothing (see Round.before_io_wait)."""
-
-
-def _epoll_fd() -> int | None:
-    """The descriptor of trio's epoll (a private name), or None where it has none."""
-    try:
-        from trio._core._run import GLOBAL_RUN_CONTEXT
-
-        fd = GLOBAL_RUN_CONTEXT.runner.io_manager._epoll.fileno()
-    except (ImportError, AttributeError):
-        return None
-    return fd if isinstance(fd, int) else None

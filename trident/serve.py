@@ -12,24 +12,27 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import random
 import signal
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from trident import trio_private
 from trident.batching import rounds
 from trident.errors import TritonError
 from trident.observability.logs import VERBOSE
 from trident.options import ServerOptions
 from trident.server import Server, open_server
 from trident.startup import check_start, start_logging, startup_tables
+from trident.trio_private import fifo_task_order
 
 if TYPE_CHECKING:
     from trident.cluster.link import WorkerLink
 
 log = logging.getLogger("trident.serve")
+
+__all__ = ["StartError", "fifo_task_order", "serve", "tune_malloc"]
 
 
 #: glibc malloc settings applied at start (mallopt parameter, value, environment variable that overrides it)
@@ -59,42 +62,6 @@ def tune_malloc() -> list[str]:
         if env not in os.environ and mallopt(param, value) == 1:
             done.append(f"{env.strip('_')}={value}")
     return done
-
-
-class _FirstComeFirstServed(random.Random):
-    """trio's scheduler reverses each batch of runnable tasks when ``random() < 0.5`` and then
-    takes tasks from the end of the batch: a ``random()`` of 0 always reverses, so each batch
-    runs in the order its tasks became runnable. Anything else drawn from it (the clock's
-    start offset) gets the low end of its range."""
-
-    def random(self) -> float:
-        return 0.0
-
-
-def fifo_task_order() -> bool:
-    """Run each batch of runnable trio tasks first come, first served, for the whole process.
-
-    trio runs a batch of ready tasks (those woken by one poll of the sockets, say) in arrival
-    order half the time and in reverse order otherwise, so that code cannot rely on an order.
-    Under load that doubles the tail: a connection whose request came first in one batch and
-    was served first can be served last in the next one, after a whole round of the others
-    (measured with wrk at 64 connections: p99 17.0 ms with trio's order, 12.5 ms first come
-    first served, at the same p50). Both orders are allowed by trio's contract; this picks
-    the fair one through trio's scheduler's random source, a private name: when it is not
-    there (another trio) or trio runs deterministically for tests, nothing changes and this
-    returns False. Raises nothing.
-    """
-    try:
-        from trio._core import _run
-    except ImportError:
-        return False
-    current = getattr(_run, "_r", None)
-    if isinstance(current, _FirstComeFirstServed):
-        return True  # applied already
-    if type(current) is not random.Random or getattr(_run, "_ALLOW_DETERMINISTIC_SCHEDULING", True):
-        return False
-    _run._r = _FirstComeFirstServed()
-    return True
 
 
 class StartError(Exception):
@@ -209,6 +176,10 @@ async def serve(options: ServerOptions, *, link: WorkerLink | None = None) -> in
         tuned = tune_malloc()
         if tuned:
             log.debug("malloc: %s", ", ".join(tuned))
+        gone = trio_private.missing()
+        if gone:  # another trio than pyproject.toml pins: the server runs without these gains
+            log.warning("this trio (%s) lacks private names trident uses: %s; requests are served without "
+                        "the gains they bring (see trident.trio_private)", trio.__version__, "; ".join(gone))
         if options.busy_poll_us and not rounds.current().busy_poll(options.busy_poll_us / 1e6):
             log.info("--busy-poll-us: this trio's poller is out of reach; the loop sleeps at once")
         # the front ends listen before the models load: live is true and ready false meanwhile
