@@ -37,7 +37,8 @@ Threads: a backend that needs a thread of its own (a reader, an event loop, a he
 starts it with ``ctx.threads.start(fn, *args, name=...)``, never with ``threading.Thread``: the
 server's model version owns those threads (its nursery holds them, its unload waits for them,
 the server's exit timeout abandons them). Without a server (a backend used on its own, in a
-tool or a test) :class:`PlainThreads` starts ordinary daemon threads.
+tool or a test) :class:`PlainThreads` starts ordinary threads, which the interpreter joins at
+exit; a server's model version gives :class:`NoThreads` until its nursery owns them.
 
 Custom metrics: ``trident.backends.metrics.custom_metrics_for(ctx.server)`` is the server's
 registry of metric families exported on the metrics port.
@@ -95,7 +96,8 @@ class Threads(Protocol):
 
 
 class PlainThreads:
-    """:class:`Threads` without a server: ordinary daemon threads (a backend used on its own)."""
+    """:class:`Threads` without a server: ordinary (non-daemon) threads, joined by the
+    interpreter at exit (a backend used on its own, in a tool or a test)."""
 
     def start(self, fn: Callable[..., object], *args: object, name: str) -> OwnedThread:
         def main() -> None:
@@ -104,9 +106,20 @@ class PlainThreads:
             except BaseException:
                 logging.getLogger("trident.backends").exception("thread '%s' failed", name)
 
-        thread = threading.Thread(target=main, name=name, daemon=True)
+        thread = threading.Thread(target=main, name=name)
         thread.start()
         return thread
+
+
+class NoThreads:
+    """:class:`Threads` of an owner that does not take threads (yet, or any more): a model
+    version before its nursery opens. ``start`` raises RuntimeError naming the thread."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+
+    def start(self, fn: Callable[..., object], *args: object, name: str) -> OwnedThread:
+        raise RuntimeError(f"thread '{name}' cannot start: {self.owner} is not serving")
 
 
 @dataclass

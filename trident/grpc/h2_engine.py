@@ -1,6 +1,6 @@
 """The HTTP/2 engines the gRPC transport can run on: trident's own and the ``h2`` library's.
 
-:func:`make_engine` builds one for a connection from its :class:`~trident.grpc.transport.TransportConfig`
+:func:`make_engine` builds one for a connection from its :class:`~trident.grpc.config.TransportConfig`
 (``http2="trident"``: :class:`trident.protocol.http2.H2Server`; ``"h2"``: :class:`H2LibEngine`,
 kept selectable for one release as the fallback). Both give the transport the same interface:
 ``receive_data(bytes) -> list[event tuple]`` (the event kinds of :mod:`trident.protocol.http2`;
@@ -14,12 +14,10 @@ raises :class:`~trident.protocol.http2.ProtocolError` after queueing a GOAWAY),
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from trident.grpc.config import TransportConfig
 from trident.protocol import http2
-
-if TYPE_CHECKING:
-    from trident.grpc.transport import TransportConfig
 
 _MAX_WINDOW = 2**31 - 1
 _H2_MAX_STREAMS = 2**31 - 1  # h2's own limit ends the connection; trident refuses streams first

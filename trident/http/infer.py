@@ -135,7 +135,7 @@ class InferEndpoint:
         self.server = server
         self.limit = int(server.options.http_max_input_size)
         self.restrictions = http_restrictions(server.options)
-        pattern = getattr(server.options, "http_header_forward_pattern", "")
+        pattern = server.options.http_header_forward_pattern
         #: --http-header-forward-pattern: headers whose name matches become request parameters
         self.forward = re.compile(pattern) if pattern else None
         self.shm = server.shared_memory

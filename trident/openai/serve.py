@@ -2,7 +2,8 @@
 
 trident's own HTTP/1.1 layer (:func:`trident.http.fastserver.serve_asgi`) serves
 :func:`trident.openai.app.make_openai_app` with the HTTP front end's limits
-(``http_header_timeout_secs``, ``http_body_timeout_secs``, ``http_max_connections``).
+(``http_header_timeout_secs``, ``http_body_timeout_secs``, ``http_max_connections``), the drain's
+``exit_timeout_secs`` and ``reuse_http_port``, all read from the server's :class:`~trident.options.ServerOptions`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from trident.http.fastserver import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_CONNECTIONS, serve_asgi
+from trident.http.fastserver import serve_asgi
 from trident.openai.app import make_openai_app
 from trident.restricted import http_restrictions
 
@@ -44,8 +45,6 @@ async def serve_openai(
     # the HTTP port's restricted groups hold here too (this port serves the same /v1 routes)
     app = make_openai_app(server, restrictions=http_restrictions(options))
     await serve_asgi(app, host=host, port=port, shutdown_trigger=shutdown_trigger,
-                     graceful_timeout=float(getattr(options, "exit_timeout_secs", 5.0)), task_status=task_status,
-                     header_timeout=float(getattr(options, "http_header_timeout_secs", HEADER_TIMEOUT)),
-                     body_timeout=float(getattr(options, "http_body_timeout_secs", BODY_TIMEOUT)),
-                     max_connections=int(getattr(options, "http_max_connections", MAX_CONNECTIONS)),
-                     reuse_port=bool(getattr(options, "reuse_http_port", False)))
+                     graceful_timeout=options.exit_timeout_secs, task_status=task_status,
+                     header_timeout=options.http_header_timeout_secs, body_timeout=options.http_body_timeout_secs,
+                     max_connections=options.http_max_connections, reuse_port=options.reuse_http_port)

@@ -30,7 +30,7 @@ import trio
 
 from trident import config as cfg
 from trident.backends import Backend, LoadContext, ModelInstance
-from trident.backends.base import PlainThreads, Threads
+from trident.backends.base import NoThreads, Threads
 from trident.batching import make_scheduler
 from trident.batching.admission import tensor_specs, validate_request
 from trident.batching.cache import request_key
@@ -112,7 +112,8 @@ class ModelVersion:
         #: id, or the worker a model is placed on (trident.cluster.link); None: always here
         cluster = getattr(server, "cluster", None)
         self.route: Any = cluster.route_for(name, config, backend) if cluster is not None else None
-        self.threads: Threads = PlainThreads()  # until run() opens the nursery that owns them
+        #: the owner of the instances' threads (serve() opens the nursery that owns them)
+        self.threads: Threads = NoThreads(f"model '{name}' version {version}")
         self._unload = trio.Event()
         self.stopped = trio.Event()
         self.executor = BatchExecutor(self, inline_mode(config))

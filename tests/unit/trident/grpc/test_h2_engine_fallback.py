@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from unit.trident.grpc.test_transport import *  # noqa: F403  (the same tests, collected here again)
 
-from trident.grpc import h2_engine, transport
+from trident.grpc import config, h2_engine, transport
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +34,7 @@ def test_grpc_http2_option_selects_the_engine() -> None:
     with pytest.raises(ValueError, match="--grpc-http2"):
         transport_config(ServerOptions(grpc_http2="nghttp2"))
     with pytest.raises(ValueError, match="unknown HTTP/2 implementation"):
-        h2_engine.make_engine(transport.TransportConfig(http2="nghttp2"))
+        h2_engine.make_engine(config.TransportConfig(http2="nghttp2"))
 
 
 def test_cli_grpc_http2_flag() -> None:
