@@ -18,8 +18,9 @@ Layers, lowest first (a module may import its own layer and the layers below it)
    merging);
 7. front ends: ``trident.http``, ``trident.grpc``, ``trident.openai``, ``trident.perf``, the
    metrics endpoint (``trident.observability.metrics``), serve and its start-up checks, the CLI,
-   the threaded wrapper (``trident.server.threaded``), the ``--workers`` supervisor, worker
-   and link (they run servers).
+   the threaded wrapper (``trident.server.threaded``), Triton's in-process API
+   (``trident.tritonserver``) and its front ends (``trident.tritonfrontend``), the ``--workers``
+   supervisor, worker and link (they run servers).
 
 Every import counts for the layers, at any depth of the module (lazy imports in functions and
 ``TYPE_CHECKING`` ones too): a dependency is a dependency. Two modules never import each other
@@ -52,7 +53,8 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
          "trident.cluster")),
     (7, ("trident.http", "trident.grpc", "trident.openai", "trident.perf", "trident.observability.metrics",
          "trident.serve", "trident.startup", "trident.cli", "trident.__main__", "trident.server.threaded",
-         "trident.cluster.supervisor", "trident.cluster.worker", "trident.cluster.link")),
+         "trident.cluster.supervisor", "trident.cluster.worker", "trident.cluster.link", "trident.tritonserver",
+         "trident.tritonfrontend")),
 ]
 
 

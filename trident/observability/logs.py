@@ -257,6 +257,7 @@ class LogSettings:
         self.log_format = log_format
         self.log_file = log_file
         self._handler: logging.Handler | None = None
+        self._before: tuple[int, bool] | None = None  # the trident logger's level and propagation
 
     @classmethod
     def from_options(cls, options: Any) -> LogSettings:
@@ -275,10 +276,25 @@ class LogSettings:
         root = logging.getLogger("trident")
         if self._handler is not None:
             root.removeHandler(self._handler)
+        if self._before is None:
+            self._before = (root.level, root.propagate)
         root.addHandler(handler)
         root.setLevel(VERBOSE if self.log_verbose_level > 0 else logging.INFO)
         root.propagate = False
         self._handler = handler
+
+    def uninstall(self) -> None:
+        """Undo :meth:`install` (an in-process server that stops): remove the handler, closing
+        its log file, and give the ``trident`` loggers back their level and propagation."""
+        root = logging.getLogger("trident")
+        if self._handler is not None:
+            root.removeHandler(self._handler)
+            self._handler.close()
+            self._handler = None
+        if self._before is not None:
+            root.setLevel(self._before[0])
+            root.propagate = self._before[1]
+            self._before = None
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.KEYS}
