@@ -16,7 +16,7 @@ from trident.types import InferenceRequest as CoreRequest
 if TYPE_CHECKING:
     from trident.tritonserver._model import Model
 
-_FLAGS = RequestFlag.SEQUENCE_START | RequestFlag.SEQUENCE_END
+_FLAGS = int(RequestFlag.SEQUENCE_START | RequestFlag.SEQUENCE_END)
 
 
 @dataclass

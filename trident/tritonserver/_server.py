@@ -88,8 +88,8 @@ class Server:
         Raises InvalidArgumentError when it is started already or for a bad option, TypeError
         for an option of the wrong type, InternalError when the repository cannot be served or
         (``exit_on_error``, the default) a model failed to load, UnavailableError when
-        ``wait_until_ready`` waited ``timeout`` seconds for readiness in vain. Whatever fails,
-        nothing is left running.
+        ``wait_until_ready`` waited ``timeout`` seconds for readiness in vain (the server is
+        stopped then, where Triton leaves it running). Whatever fails, nothing is left running.
         """
         with self._lock:
             if self._loop is not None:
@@ -129,6 +129,7 @@ class Server:
             while not self.ready() and (timeout is None or time.monotonic() - started < timeout):
                 time.sleep(polling_interval)
             if not self.ready():
+                self.stop()  # Triton leaves it running; a `Server(...).start(...)` chain could not stop it
                 raise UnavailableError("Timeout before ready")
         return self
 

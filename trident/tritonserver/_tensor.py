@@ -135,7 +135,7 @@ class Tensor:
             owner = self._array
             if self.data_type == DataType.BYTES:
                 owner = np.frombuffer(datatypes.serialize_bytes(self._array), np.uint8)
-            owner = np.ascontiguousarray(owner)
+            owner = _contiguous(owner)
             self._buffer = MemoryBuffer(int(owner.ctypes.data), MemoryType.CPU, 0, int(owner.nbytes), owner)
         return self._buffer
 
@@ -212,7 +212,7 @@ class Tensor:
             bf16 = _torch_bf16_bits(obj)
             if bf16 is None:
                 raise InvalidArgumentError(f"Object does not support DLPack protocol: {e}") from None
-            return Tensor._wrap(DataType.BF16, np.ascontiguousarray(bf16))
+            return Tensor._wrap(DataType.BF16, _contiguous(bf16))
         return _from_numpy(array)
 
     # ---- conversions ----------------------------------------------------------------------
@@ -300,7 +300,7 @@ def _from_numpy(array: np.ndarray) -> Tensor:
     if kind in "USO":
         return Tensor._wrap(DataType.BYTES, _bytes_elements(array))
     if array.dtype.name == "bfloat16":  # ml_dtypes, as tritonclient uses
-        return Tensor._wrap(DataType.BF16, np.ascontiguousarray(array).view(np.uint16))
+        return Tensor._wrap(DataType.BF16, _contiguous(array).view(np.uint16))
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     try:
@@ -308,14 +308,19 @@ def _from_numpy(array: np.ndarray) -> Tensor:
     except ValueError:
         raise InvalidArgumentError(f"Unsupported numpy data type {array.dtype}: use a bool, integer, float or "
                                    "text type") from None
-    return Tensor._wrap(DataType[datatype], np.ascontiguousarray(array))
+    return Tensor._wrap(DataType[datatype], _contiguous(array))
+
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """``array``, copied only when it is not C-contiguous (0-d arrays stay 0-d)."""
+    return array if array.flags.c_contiguous else array.copy(order="C")
 
 
 def _bytes_elements(array: np.ndarray) -> np.ndarray:
     """An object array of ``bytes``: str elements UTF-8 encoded, anything else as its str()."""
     flat = array.reshape(-1)
     if array.dtype.kind == "O" and all(type(x) is bytes for x in flat):
-        return np.ascontiguousarray(array)
+        return _contiguous(array)
     out = np.empty(flat.size, dtype=object)
     for i, item in enumerate(flat):
         item = item.item() if isinstance(item, np.generic) else item
@@ -379,5 +384,5 @@ def _bf16_capsule(bits: np.ndarray, **kwargs: Any) -> Any:
     except ImportError:
         raise UnsupportedError("BF16 tensors are exported through DLPack with torch, which is not installed "
                                "(numpy has no bfloat16)") from None
-    view = torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16)
+    view = torch.from_numpy(_contiguous(bits).view(np.int16)).view(torch.bfloat16)
     return view.__dlpack__(**{k: v for k, v in kwargs.items() if v is not None})
