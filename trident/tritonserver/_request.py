@@ -16,7 +16,7 @@ from trident.types import InferenceRequest as CoreRequest
 if TYPE_CHECKING:
     from trident.tritonserver._model import Model
 
-_FLAGS = int(RequestFlag.SEQUENCE_START | RequestFlag.SEQUENCE_END)
+_START, _END = int(RequestFlag.SEQUENCE_START), int(RequestFlag.SEQUENCE_END)  # ints: enum operators cost
 
 
 @dataclass
@@ -76,16 +76,16 @@ class InferenceRequest:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidArgumentError(f"{name} must be a non-negative integer (got {value!r})")
-        if self.flags & ~_FLAGS:
+        if self.flags & ~(_START | _END):
             raise InvalidArgumentError(f"flags {self.flags:#x}: only SEQUENCE_START (1) and SEQUENCE_END (2) exist")
         correlation = self.correlation_id
         if correlation is not None:
             if isinstance(correlation, bool) or not isinstance(correlation, int | str):
                 raise InvalidArgumentError(f"correlation_id must be an int or a str (got {correlation!r})")
             params["sequence_id"] = correlation
-        if self.flags & RequestFlag.SEQUENCE_START:
+        if self.flags & _START:
             params["sequence_start"] = True
-        if self.flags & RequestFlag.SEQUENCE_END:
+        if self.flags & _END:
             params["sequence_end"] = True
         if self.priority:
             params["priority"] = self.priority

@@ -296,18 +296,17 @@ def _from_object(obj: Any) -> Tensor:
 def _from_numpy(array: np.ndarray) -> Tensor:
     """A tensor over ``array`` (copied only when it is not C-contiguous, not little-endian, or
     text to encode)."""
-    kind = array.dtype.kind
-    if kind in "USO":
+    if array.dtype.kind in "USO":
         return Tensor._wrap(DataType.BYTES, _bytes_elements(array))
-    if array.dtype.name == "bfloat16":  # ml_dtypes, as tritonclient uses
-        return Tensor._wrap(DataType.BF16, _contiguous(array).view(np.uint16))
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
     try:
-        datatype = datatypes.datatype_of(array)
+        datatype = datatypes.datatype_of(array)  # bfloat16 (ml_dtypes, as tritonclient uses) is BF16
     except ValueError:
         raise InvalidArgumentError(f"Unsupported numpy data type {array.dtype}: use a bool, integer, float or "
                                    "text type") from None
+    if datatype == "BF16":
+        array = _contiguous(array).view(np.uint16)
+    elif array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
     return Tensor._wrap(DataType[datatype], _contiguous(array))
 
 
