@@ -127,6 +127,32 @@ class TritonPythonModel:
         raise RuntimeError("this model does not load")
 ''')
 
+# writes "finalized" to the file its config's "marker" parameter names when it is unloaded
+FINALIZER = ('''
+name: "finalizer"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+parameters { key: "marker" value: { string_value: "{marker}" } }
+''', '''
+import json
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.marker = json.loads(args["model_config"])["parameters"]["marker"]["string_value"]
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
+
+    def finalize(self):
+        with open(self.marker, "w") as f:
+            f.write("finalized")
+''')
+
 DELAY = 0.05  # seconds between two responses of the repeater
 
 
@@ -336,6 +362,24 @@ def test_hello_world_example_runs(tmp_path: Path) -> None:
     _write(models, "identity", IDENTITY)
     out = _run_example(HELLO_WORLD, {"/workspace/identity-models": str(models)}, tmp_path)
     assert out.strip() == "[['hello world!']]"
+
+
+def test_interpreter_exit_stops_the_server(tmp_path: Path) -> None:
+    """A program that never calls stop(): at exit the server drains, unloads its models (their
+    finalize() runs) and its thread ends, and the program exits."""
+    repo = tmp_path / "repo"
+    _write(repo, "finalizer", FINALIZER, marker=str(tmp_path / "marker"))
+    script = "\n".join([
+        "import numpy as np",
+        "import trident.tritonserver as tritonserver",
+        f"server = tritonserver.Server(model_repository={str(repo)!r}).start(wait_until_ready=True)",
+        'responses = server.model("finalizer").infer(inputs={"X": np.ones(1, np.float32)})',
+        'print(np.from_dlpack(next(responses).outputs["Y"]).tolist())',
+    ])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip() == "[1.0]"
+    assert (tmp_path / "marker").read_text() == "finalized"
 
 
 def test_tritonfrontend_example_runs(tmp_path: Path) -> None:
