@@ -29,10 +29,11 @@ import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from e2e.python_models import write_model
+from tritonclient.utils import InferenceServerException
 
 import trident.tritonserver as tritonserver
 from trident.options import EXAMPLE_REPOSITORY
-from trident.tritonfrontend import KServeGrpc, KServeHttp, Metrics
+from trident.tritonfrontend import Feature, FeatureGroup, KServeGrpc, KServeHttp, Metrics, RestrictedFeatures
 
 # the tutorial's identity model: every <type>_input [-1, -1] comes back as <type>_output, and
 # output_parameters holds the request's parameters as JSON
@@ -252,6 +253,7 @@ metrics_service = Metrics(server)
 metrics_service.start()
 
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 import numpy as np # Use version numpy < 2
 model_name = "identity" # output == input
 url = "localhost:8000"
@@ -288,6 +290,7 @@ server.stop()
 FRONTEND_WITH = FRONTEND_STEPS[:FRONTEND_STEPS.index("from tritonfrontend")] + '''
 from tritonfrontend import KServeHttp
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 import numpy as np  # Use version numpy < 2
 
 with KServeHttp(server) as http_service:
@@ -758,6 +761,33 @@ def test_front_end_bad_input(server: tritonserver.Server) -> None:
         quiet.stop()
     with pytest.raises(tritonserver.InvalidArgumentError, match="not started"):
         KServeGrpc(quiet)
+
+
+def test_restricted_features_need_their_header(server: tritonserver.Server) -> None:
+    restricted = RestrictedFeatures()
+    restricted.create_feature_group("admin-key", "admin-value", [Feature.MODEL_REPOSITORY, Feature.STATISTICS])
+    assert restricted.has_feature(Feature.STATISTICS) and not restricted.has_feature(Feature.HEALTH)
+    with KServeHttp(server, KServeHttp.Options(address="127.0.0.1", port=0, restricted_features=restricted)) as http:
+        stats = f"http://127.0.0.1:{http.port}/v2/models/identity_fp32/stats"
+        refused = httpx.get(stats, timeout=10)
+        assert refused.status_code == 403 and "admin-key" in refused.json()["error"]
+        assert httpx.get(stats, headers={"admin-key": "admin-value"}, timeout=10).status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{http.port}/v2/health/ready", timeout=10).status_code == 200
+    with KServeGrpc(server, KServeGrpc.Options(address="127.0.0.1", port=0, restricted_features=restricted)) as grpc:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc.port}")
+        with pytest.raises(InferenceServerException, match="restricted"):
+            client.get_inference_statistics("identity_fp32")
+        client.get_inference_statistics("identity_fp32", headers={"triton-grpc-protocol-admin-key": "admin-value"})
+        assert client.is_server_live()
+        client.close()
+    with pytest.raises(tritonserver.InvalidArgumentError, match="only belong to one group"):
+        restricted.create_feature_group("other", "v", Feature.STATISTICS)
+    with pytest.raises(tritonserver.InvalidArgumentError, match="Invalid features"):
+        FeatureGroup("k", "v", ["health"])  # type: ignore[list-item]
+    with pytest.raises(tritonserver.InvalidArgumentError, match="restricted_features"):
+        KServeHttp.Options(restricted_features="model-repository:k=v")  # type: ignore[arg-type]
+    restricted.remove_features(Feature.STATISTICS)
+    assert not restricted.has_feature(Feature.MODEL_REPOSITORY) and restricted.specs() == []
 
 
 # ---- bad input ------------------------------------------------------------------------------

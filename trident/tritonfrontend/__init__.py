@@ -18,7 +18,9 @@ and drains its calls, both within the server's ``exit_timeout``); ``Server.stop(
 still running. The application keeps using the server in-process meanwhile. ``KServeHttp.Server``
 (and the others' ``.Server``) is the same class, for code written against the 24.08 spelling.
 
-Options map to the ``trident serve`` flags of the same meaning; the thread counts and gRPC's
+Options map to the ``trident serve`` flags of the same meaning (``restricted_features``, a
+:class:`RestrictedFeatures` of :class:`FeatureGroup` s of :class:`Feature` s, to
+``--http-restricted-api`` / ``--grpc-restricted-protocol``); the thread counts and gRPC's
 ``infer_allocation_pool_size`` have none (the front ends run on the event loop) and are logged
 as ignored, as ``trident serve`` logs its ``--http-thread-count``.
 """
@@ -26,5 +28,6 @@ as ignored, as ``trident serve`` logs its ``--http-thread-count``.
 from __future__ import annotations
 
 from trident.tritonfrontend._front_ends import KServeGrpc, KServeHttp, Metrics
+from trident.tritonfrontend._restricted import Feature, FeatureGroup, RestrictedFeatures
 
-__all__ = ["KServeGrpc", "KServeHttp", "Metrics"]
+__all__ = ["Feature", "FeatureGroup", "KServeGrpc", "KServeHttp", "Metrics", "RestrictedFeatures"]

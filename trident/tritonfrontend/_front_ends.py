@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 import errno
 import logging
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from trident.cli import IGNORED_FLAGS
@@ -14,6 +14,7 @@ from trident.grpc.serve import serve_grpc
 from trident.http.fastserver import serve_http_fast
 from trident.observability.metrics import serve_metrics
 from trident.server import Server as CoreServer
+from trident.tritonfrontend._restricted import RestrictedFeatures
 from trident.tritonserver import InvalidArgumentError, Server, UnavailableError, UnsupportedError
 from trident.tritonserver._errors import to_api
 from trident.tritonserver._loop import Service
@@ -41,6 +42,16 @@ def _leaf(error: BaseException) -> BaseException:
         inner = error.exceptions
         error = next((e for e in inner if isinstance(e, OSError | ValueError | BaseExceptionGroup)), inner[0])
     return error
+
+
+def _restricted(options: Any) -> list[str]:
+    """The restricted-API values of ``options.restricted_features``. Raises InvalidArgumentError
+    for something that is not a RestrictedFeatures."""
+    restricted = options.restricted_features
+    if not isinstance(restricted, RestrictedFeatures):
+        raise InvalidArgumentError(f"{type(options).__qualname__}.restricted_features must be a "
+                                   f"tritonfrontend.RestrictedFeatures (got {type(restricted).__name__})")
+    return restricted.specs()
 
 
 def _ignored(name: str, value: Any, default: Any, why: str) -> None:
@@ -113,17 +124,21 @@ class KServeHttp(_FrontEnd):
     class Options:
         """``address`` and ``port`` (0: a free one); ``reuse_port`` sets SO_REUSEPORT;
         ``header_forward_pattern`` forwards matching headers to the models as request
-        parameters (``--http-header-forward-pattern``); ``thread_count`` is ignored."""
+        parameters (``--http-header-forward-pattern``); ``restricted_features`` restricts API
+        groups to requests with a header (``--http-restricted-api``); ``thread_count`` is
+        ignored."""
 
         address: str = "0.0.0.0"
         port: int = 8000
         reuse_port: bool = False
         thread_count: int = 8
         header_forward_pattern: str = ""
+        restricted_features: RestrictedFeatures = field(default_factory=RestrictedFeatures)
 
         def __post_init__(self) -> None:
             _check_fields(self, {"address": str, "port": int, "reuse_port": bool, "thread_count": int,
                                  "header_forward_pattern": str})
+            _restricted(self)
             if self.thread_count <= 0:
                 raise InvalidArgumentError(f"KServeHttp.Options.thread_count must be positive (got {self.thread_count})")
 
@@ -140,6 +155,7 @@ class KServeHttp(_FrontEnd):
         # read by serve_http_fast before it first waits: this front end's settings
         server.options.reuse_http_port = o.reuse_port
         server.options.http_header_forward_pattern = o.header_forward_pattern
+        server.options.http_restricted_api = _restricted(o)
         await serve_http_fast(server, host=o.address, port=o.port, shutdown_trigger=shutdown, task_status=task_status)
 
 
@@ -165,8 +181,9 @@ class KServeGrpc(_FrontEnd):
 
     @dataclass
     class Options:
-        """The gRPC settings of ``trident serve``'s flags of the same meaning (times in ms);
-        ``infer_allocation_pool_size`` is ignored."""
+        """The gRPC settings of ``trident serve``'s flags of the same meaning (times in ms;
+        ``restricted_features``: ``--grpc-restricted-protocol``); ``infer_allocation_pool_size``
+        is ignored."""
 
         address: str = "0.0.0.0"
         port: int = 8001
@@ -187,6 +204,7 @@ class KServeGrpc(_FrontEnd):
         infer_compression_level: int | Grpc_compression_level = Grpc_compression_level.NONE
         infer_allocation_pool_size: int = 8
         forward_header_pattern: str = ""
+        restricted_features: RestrictedFeatures = field(default_factory=RestrictedFeatures)
 
         def __post_init__(self) -> None:
             checks: dict[str, type] = {f.name: int for f in fields(self)
@@ -204,6 +222,7 @@ class KServeGrpc(_FrontEnd):
                 raise InvalidArgumentError(f"KServeGrpc.Options.infer_compression_level must be NONE, LOW, MED or "
                                            f"HIGH (got {self.infer_compression_level!r})")
             self.infer_compression_level = int(level)
+            _restricted(self)
 
     _name = "GRPCInferenceService"
 
@@ -232,6 +251,7 @@ class KServeGrpc(_FrontEnd):
         opts.grpc_max_connection_age_grace = o.max_connection_age_grace_ms
         opts.grpc_infer_response_compression_level = _LEVELS[Grpc_compression_level(o.infer_compression_level)]
         opts.grpc_header_forward_pattern = o.forward_header_pattern
+        opts.grpc_restricted_protocol = _restricted(o)
         await serve_grpc(server, host=o.address, port=o.port, task_status=task_status)
 
 
