@@ -10,12 +10,15 @@ from dataclasses import dataclass
 
 from trident.backends.base import LoadContext
 from trident.backends.settings import setting
-from trident.errors import invalid_arg
+from trident.errors import invalid_arg, unsupported
 from trident.protocol.generated.inference import ModelConfig
 
 EXECUTION_MODE = "TRIDENT_EXECUTION_MODE"  # "thread" (default) or "process"
 EXECUTE_TIMEOUT = "TRIDENT_EXECUTE_TIMEOUT_SECS"  # process mode: kill and restart after this (0: never)
 SHM_BYTES = "TRIDENT_SHM_BYTES"  # process mode: bytes of each shared-memory ring (default 8 MiB)
+#: Triton's: "yes" (default) gives the model CPU input tensors only, "no" lets inputs that are on
+#: a GPU reach it as GPU tensors (thread mode; a model process gets CPU tensors either way)
+FORCE_CPU_ONLY = "FORCE_CPU_ONLY_INPUT_TENSORS"
 _MODES = ("thread", "process")
 
 
@@ -24,6 +27,7 @@ class ExecutionOptions:
     mode: str = "thread"
     execute_timeout: float = 0.0
     shm_bytes: int = 8 << 20
+    force_cpu_only_inputs: bool = True
 
 
 def execution_options(config: ModelConfig, backend_config: dict[str, str] | None = None) -> ExecutionOptions:
@@ -49,7 +53,21 @@ def execution_options(config: ModelConfig, backend_config: dict[str, str] | None
         raise invalid_arg(f"model '{name}': bad execution parameter: {e}") from None
     if timeout < 0 or shm < 4096:
         raise invalid_arg(f"model '{name}': {EXECUTE_TIMEOUT} must be >= 0 and {SHM_BYTES} >= 4096")
-    return ExecutionOptions(mode, timeout, shm)
+    return ExecutionOptions(mode, timeout, shm, force_cpu_only_inputs(config))
+
+
+def force_cpu_only_inputs(config: ModelConfig) -> bool:
+    """The model's FORCE_CPU_ONLY_INPUT_TENSORS: True for "yes" or none, False for "no" (as
+    Triton: lower case only). Raises TritonError(UNSUPPORTED) in Triton's words for any other
+    value."""
+    param = config.parameters.get(FORCE_CPU_ONLY)
+    if param is None:
+        return True
+    value = param.string_value.strip()
+    if value not in ("yes", "no"):
+        raise unsupported(f"model '{config.name}': Incorrect value for {FORCE_CPU_ONLY}: '{param.string_value}' "
+                          "(expected \"yes\" or \"no\")")
+    return value == "yes"
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,19 @@ Cancellation: a BLS call runs under its own cancel scope. ``ResponseIterator.can
 it, and so does the cancellation of every parent request (the batch ``execute`` was running
 when the call was made), delivered by the parents' ``on_cancel``. Cancelling the scope cancels
 the callee's request, as a client disconnect does.
+
+GPU tensors: a BLS request with GPU inputs, or one that prefers GPU memory for its outputs,
+asks first whether its callee takes device tensors (:func:`device_refusal`: a Python model of
+this process with ``FORCE_CPU_ONLY_INPUT_TENSORS`` "no", and nothing on the way that reads the
+values: no response cache, batch inputs, TENSORS traces or other workers). If it does, the GPU
+inputs reach it as the same device memory and its GPU outputs come back the same way (no host
+copy either way); if not, the GPU inputs are copied to the host first (in a worker thread).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -26,6 +34,9 @@ import trio
 from trident.backends.base import PlainThreads, Threads
 from trident.backends.metrics import custom_metrics_for
 from trident.backends.python import _convert, pb_utils
+from trident.backends.python._dlpack import DeviceView
+from trident.backends.python._execution import FORCE_CPU_ONLY, execution_options
+from trident.backends.python._pb_tensor import DeviceTensor
 from trident.errors import Code, TritonError
 from trident.types import InferenceRequest, InferenceResponse
 
@@ -58,6 +69,45 @@ def current_token() -> trio.lowlevel.TrioToken | None:
         return None
 
 
+def device_refusal(server: Any, request: InferenceRequest, python_defaults: dict[str, str] | None) -> str | None:
+    """Why the callee of BLS ``request`` cannot take device tensors as they are, or None when it
+    can: a Python model loaded in this process (thread mode) with FORCE_CPU_ONLY_INPUT_TENSORS
+    "no", without a response cache or batch inputs (they read the values), not traced with
+    TENSORS, in a server of one process. Anything unknown (a facade without these calls, an
+    unknown model: its request fails on its own) is a refusal, so the tensors go to the host.
+    Runs on the server's trio loop (reads its state)."""
+    if getattr(server, "cluster", None) is not None:
+        return "the server runs several workers"
+    try:
+        config = server.model_config(request.model_name, request.model_version)
+    except (TritonError, AttributeError):
+        return f"model '{request.model_name}' is unknown here"
+    if config.backend != "python":
+        return f"model '{request.model_name}' is not a Python model"
+    param = config.parameters.get(FORCE_CPU_ONLY)
+    if param is None or param.string_value.strip() != "no":
+        return f"model '{request.model_name}' takes CPU tensors only ({FORCE_CPU_ONLY} is not \"no\")"
+    try:
+        mode = execution_options(config, python_defaults).mode
+    except TritonError:
+        mode = "unknown"
+    if mode != "thread":
+        return f"model '{request.model_name}' runs in a process of its own"
+    if config.response_cache is not None and config.response_cache.enable:
+        return f"model '{request.model_name}' has a response cache"
+    if config.batch_input:
+        return f"model '{request.model_name}' has batch inputs"
+    if getattr(request.trace, "tensors", False):
+        return "the request is traced with TENSORS"
+    try:
+        levels = server.trace_settings(request.model_name).get("trace_level", ())
+    except (TritonError, AttributeError):
+        levels = ()
+    if "TENSORS" in levels:
+        return f"model '{request.model_name}' is traced with TENSORS"
+    return None
+
+
 class BlsCall:
     """One BLS request in flight; iterate it for the callee's ``pb_utils`` responses.
 
@@ -65,12 +115,20 @@ class BlsCall:
     response. ``decoupled=True`` runs it from a helper thread and yields responses as they
     arrive, ending after the final one. Failures (unknown model, bad request, the callee's
     error, cancellation) arrive as error responses, never as exceptions.
+
+    ``device``: the request carries device tensors (DeviceViews) or may take device outputs
+    back (``device_outputs``); see the module docstring. ``python_defaults`` is the Python
+    backend's ``--backend-config`` (the callee's execution mode).
     """
 
     def __init__(self, server: Any, token: trio.lowlevel.TrioToken, request: InferenceRequest,
                  decoupled: bool, parents: Sequence[Any],
                  convert: Callable[[InferenceResponse], Any] = _convert.to_pb_response,
-                 threads: Threads | None = None) -> None:
+                 threads: Threads | None = None, *, device: bool = False, device_outputs: bool = False,
+                 python_defaults: dict[str, str] | None = None) -> None:
+        self._device = device
+        self._device_outputs = device_outputs
+        self._python_defaults = python_defaults
         self._server = server
         self._threads = threads if threads is not None else PlainThreads()  # owns a decoupled call's thread
         self._convert = convert
@@ -123,6 +181,8 @@ class BlsCall:
             for parent in parents:
                 parent.on_cancel(parent_cancelled)
             try:
+                if self._device:
+                    await self._place_device_tensors()
                 if self._decoupled:
                     await self._server.infer_stream(self._request, self._send)
                 else:
@@ -132,8 +192,26 @@ class BlsCall:
                     self._send_nowait(response)
             except TritonError as e:
                 self._put_error(e.code, e.message)
+            finally:
+                _convert.DEVICE_OUTPUT_REQUESTS.discard(id(self._request))
         if scope.cancelled_caught and not self._final_seen:
             self._put_error(Code.CANCELLED, f"BLS request to model '{self._request.model_name}' was cancelled")
+
+    async def _place_device_tensors(self) -> None:
+        """Where the callee takes device tensors: let its device outputs come back on the device
+        (when asked). Where it does not: copy the request's device inputs to the host, in a
+        worker thread. Raises TritonError(INTERNAL) when a copy is impossible."""
+        request = self._request
+        refusal = device_refusal(self._server, request, self._python_defaults)
+        if refusal is None:
+            if self._device_outputs:
+                _convert.DEVICE_OUTPUT_REQUESTS.add(id(request))
+            return
+        if any(type(t.data) is DeviceView for t in request.inputs):
+            try:
+                request.inputs = await trio.to_thread.run_sync(_convert.host_tensors, request.inputs)
+            except pb_utils.TritonModelException as e:
+                raise TritonError(Code.INTERNAL, f"BLS request to '{request.model_name}' ({refusal}): {e}") from None
 
     async def _send(self, response: InferenceResponse) -> None:
         self._send_nowait(response)
@@ -180,10 +258,12 @@ class BlsCall:
 class InProcessRuntime(pb_utils._Runtime):
     """``pb_utils``' server side for models running in this process."""
 
-    def __init__(self, server: Any, token: trio.lowlevel.TrioToken, threads: Threads | None = None) -> None:
+    def __init__(self, server: Any, token: trio.lowlevel.TrioToken, threads: Threads | None = None,
+                 python_defaults: dict[str, str] | None = None) -> None:
         self.server = server
         self.token = token
         self.threads = threads
+        self.python_defaults = python_defaults  # the Python backend's --backend-config
 
     def _crossing(self) -> str | None:
         """Count a call into the server; the reason it cannot run when made on the loop's thread."""
@@ -201,12 +281,19 @@ class InProcessRuntime(pb_utils._Runtime):
         refused = self._crossing()
         if refused is not None:
             return iter([_convert.error_response(Code.UNAVAILABLE, refused)])
+        memory = request._preferred_memory
+        device_inputs = any(type(t) is DeviceTensor for t in request.inputs())
         try:
-            converted = _convert.to_request(request)
+            converted = _convert.to_request(request, keep_device=device_inputs)
         except TritonError as e:
             return iter([_convert.error_response(e.code, e.message)])
         converted.trace = bls_trace(parents, getattr(request.trace(), "_source", None))
-        return BlsCall(self.server, self.token, converted, decoupled, parents, threads=self.threads).start()
+        if not device_inputs and memory is None:  # the usual call: CPU tensors, outputs as produced
+            return BlsCall(self.server, self.token, converted, decoupled, parents, threads=self.threads).start()
+        gpu_outputs = memory is None or memory.preferred_memory_type == pb_utils.TRITONSERVER_MEMORY_GPU
+        return BlsCall(self.server, self.token, converted, decoupled, parents,
+                       functools.partial(_convert.to_pb_response, memory=memory), self.threads,
+                       device=True, device_outputs=gpu_outputs, python_defaults=self.python_defaults).start()
 
     def _call(self, fn: Any, *args: Any) -> Any:
         refused = self._crossing()

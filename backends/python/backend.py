@@ -23,6 +23,11 @@ A non-decoupled model may do the same with its one response: a request of a batc
 ``execute`` returned None stays open until the model sends it. BLS, model management and
 custom metrics go through :mod:`._runtime`.
 
+GPU tensors: ``FORCE_CPU_ONLY_INPUT_TENSORS`` "no" lets a thread-mode model receive inputs that
+are on a GPU as GPU tensors (a BLS caller's device tensors, a client's CUDA shared memory); see
+:mod:`._convert` and :mod:`._runtime`. A model's GPU outputs are copied to the host for the
+client (or stay on the device for a BLS caller of this process that takes them).
+
 Not supported (each fails with a clear UNSUPPORTED error): request rescheduling and
 ``EXECUTION_ENV_PATH`` environments.
 """
@@ -44,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from trident.backends.base import Backend, LoadContext, ModelInstance, Threads
 from trident.backends.python import _aio, _convert, _loader, pb_utils
 from trident.backends.python._aio import InstanceLoop
-from trident.backends.python._execution import InstanceIdentity, execution_options
+from trident.backends.python._execution import FORCE_CPU_ONLY, InstanceIdentity, execution_options
 from trident.errors import TritonError, internal, invalid_arg, unsupported
 from trident.types import InferenceRequest, InferenceResponse
 
@@ -94,8 +99,10 @@ class PythonInstance(ModelInstance):
     """One ``TritonPythonModel`` object and the module it came from."""
 
     def __init__(self, identity: InstanceIdentity, loaded: _loader.LoadedModule, model: Any,
-                 runtime: pb_utils._Runtime | None = None, threads: Threads | None = None) -> None:
+                 runtime: pb_utils._Runtime | None = None, threads: Threads | None = None,
+                 device_inputs: bool = False) -> None:
         self.model_name = identity.model_name
+        self._device_inputs = device_inputs  # FORCE_CPU_ONLY_INPUT_TENSORS "no"
         self.version = identity.version
         self.instance_name = identity.instance_name
         self._failure_prefix = self._failure("")  # what a response that fails to convert says first
@@ -177,7 +184,7 @@ class PythonInstance(ModelInstance):
         UNSUPPORTED when the model asks to reschedule a request. A response carrying a
         ``pb_utils.TritonError`` fails only its own request. Decoupled: returns None.
         """
-        pb_requests = [_convert.wrap_request(r, self._all_outputs) for r in requests]
+        pb_requests = [_convert.wrap_request(r, self._all_outputs, self._device_inputs) for r in requests]
         responders = [r.responder for r in requests]  # as the batch starts: a finished request drops it
         for r, pb, responder in zip(requests, pb_requests, responders, strict=True):
             pb._sender_factory = functools.partial(self._make_sender, r, responder)
@@ -234,7 +241,7 @@ class PythonInstance(ModelInstance):
                         f"execute must return pb_utils.InferenceResponse objects, got {type(item).__name__}"
                     )
                 )
-        return [self._answered_later(responder, req.id) if resp is None else self._convert_response(resp, req.id)
+        return [self._answered_later(responder, req.id) if resp is None else self._convert_response(resp, req)
                 for req, resp, responder in zip(requests, result, responders, strict=True)]
 
     def _answered_later(self, responder: Any, request_id: str) -> InferenceResponse:
@@ -257,7 +264,7 @@ class PythonInstance(ModelInstance):
             )
 
         def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
-            converted = None if response is None else self._convert_response(response, request.id)
+            converted = None if response is None else self._convert_response(response, request)
             try:
                 responder.send(converted, final)
             except TritonError as e:
@@ -334,11 +341,11 @@ class PythonInstance(ModelInstance):
             f"Failed to process the request(s) for model instance '{self.instance_name}', message: {message}"
         )
 
-    def _convert_response(self, response: pb_utils.InferenceResponse, request_id: str) -> InferenceResponse:
-        out = _convert.to_response(response, self._failure_prefix)
+    def _convert_response(self, response: pb_utils.InferenceResponse, request: InferenceRequest) -> InferenceResponse:
+        out = _convert.to_response(response, self._failure_prefix, request)
         out.model_name = self.model_name
         out.model_version = self._version_name
-        out.id = request_id
+        out.id = request.id
         return out
 
 
@@ -397,6 +404,13 @@ class PythonBackend(Backend):
                     f"model '{ctx.model_name}': parameter {key} ({what}) is not supported by trident"
                 )
         options = execution_options(config, ctx.backend_config)
+        if not options.force_cpu_only_inputs:
+            if options.mode == "process":
+                log.info("model '%s': %s \"no\" has no effect in process mode: inputs reach a model process "
+                         "in shared memory, as CPU tensors", ctx.model_name, FORCE_CPU_ONLY)
+            else:
+                log.info("model '%s': input tensors can be both in CPU and GPU (%s is \"no\")",
+                         ctx.model_name, FORCE_CPU_ONLY)
         if options.mode == "process":
             from trident.backends.python.isolated.parent import IsolatedInstance
 
@@ -410,9 +424,9 @@ class PythonBackend(Backend):
         from trident.backends.python._runtime import InProcessRuntime, current_token
 
         token = current_token() if ctx.server is not None else None
-        runtime = InProcessRuntime(ctx.server, token, ctx.threads) if token is not None else None
+        runtime = InProcessRuntime(ctx.server, token, ctx.threads, ctx.backend_config) if token is not None else None
         return load_in_this_process(model_file, InstanceIdentity.of(ctx), self.initialize_args(ctx), runtime,
-                                    ctx.threads)
+                                    ctx.threads, device_inputs=not options.force_cpu_only_inputs)
 
     @staticmethod
     def initialize_args(ctx: LoadContext) -> dict[str, str]:
@@ -430,8 +444,10 @@ class PythonBackend(Backend):
 
 
 def load_in_this_process(model_file: Path, identity: InstanceIdentity, args: dict[str, str],
-                         runtime: pb_utils._Runtime | None, threads: Threads | None = None) -> PythonInstance:
-    """Import ``model_file``, build its ``TritonPythonModel`` and run ``initialize(args)``.
+                         runtime: pb_utils._Runtime | None, threads: Threads | None = None,
+                         device_inputs: bool = False) -> PythonInstance:
+    """Import ``model_file``, build its ``TritonPythonModel`` and run ``initialize(args)``
+    (``device_inputs``: FORCE_CPU_ONLY_INPUT_TENSORS "no").
 
     Raises TritonError(INTERNAL) when the file fails to import, has no ``TritonPythonModel``,
     or construction or ``initialize`` raises (everything imported is released again).
@@ -452,7 +468,7 @@ def load_in_this_process(model_file: Path, identity: InstanceIdentity, args: dic
     except BaseException:
         _loader.release(loaded)
         raise
-    instance = PythonInstance(identity, loaded, model, runtime, threads)
+    instance = PythonInstance(identity, loaded, model, runtime, threads, device_inputs)
     try:
         instance.initialize(args)
     except BaseException:

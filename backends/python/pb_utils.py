@@ -9,9 +9,12 @@ Parity notes (Triton's python_backend, ``pb_stub.cc`` and ``triton_python_backen
 * Datatypes are Triton's numeric ``TRITONSERVER_DataType`` values: :meth:`Tensor.triton_dtype`
   returns a plain ``int`` (``TYPE_FP32`` is 11, BYTES is 13, BF16 is 14), which is what
   :func:`triton_to_numpy_type` takes and :func:`numpy_to_triton_type` returns.
-* Tensors live in CPU memory (``is_cpu()`` is always True). Input tensors wrap the request's
-  numpy arrays without copying; such arrays may be read-only when the front end decoded them
-  from an immutable buffer.
+* Tensors live in CPU memory unless the model makes or receives GPU ones: ``Tensor.from_dlpack``
+  of a CUDA tensor keeps it on its device (``is_cpu()`` False; see ``_pb_tensor``), a model with
+  ``FORCE_CPU_ONLY_INPUT_TENSORS`` "no" receives inputs that are on a GPU as GPU tensors, and BLS
+  passes GPU tensors between Python models of this process without a host copy (``_convert``,
+  ``_runtime``). Input tensors wrap the request's numpy arrays without copying; such arrays may
+  be read-only when the front end decoded them from an immutable buffer.
 * ``TritonError.code()`` returns the numeric ``TRITONSERVER_Error_Code`` (an ``IntEnum``).
 * ``serialize_byte_tensor`` returns ``b""`` (Triton: an empty tuple) for an empty tensor.
 * The server side of the API (BLS, the decoupled response sender, model management, custom
@@ -37,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from trident.backends.python._dlpack import DeviceView as _DeviceView
 from trident.backends.python._model_config import ModelConfig as ModelConfig  # re-exported for models
 from trident.backends.python._pb_base import MODEL_PACKAGE_PREFIX as MODEL_PACKAGE_PREFIX
 from trident.backends.python._pb_base import TritonModelException as TritonModelException
@@ -52,7 +56,7 @@ from trident.backends.python._pb_base import _Runtime as _Runtime
 from trident.backends.python._pb_base import _set_default_runtime as _set_default_runtime
 from trident.backends.python._pb_metrics import Metric as Metric
 from trident.backends.python._pb_metrics import MetricFamily as MetricFamily
-from trident.backends.python._pb_tensor import _API_TO_NUM
+from trident.backends.python._pb_tensor import _API_TO_NUM, _host_input
 from trident.backends.python._pb_tensor import Tensor as Tensor
 from trident.observability.logs import SERVING_KEY as _SERVING_KEY
 from trident.observability.logs import ModelCall as _ModelCall
@@ -211,10 +215,24 @@ TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
 
 
 class PreferredMemory:
-    """Where a BLS request would like its outputs (recorded; trident's tensors are on the CPU)."""
+    """Where a BLS request would like its outputs: ``TRITONSERVER_MEMORY_CPU`` (device outputs
+    are copied to the host) or ``TRITONSERVER_MEMORY_GPU`` with a device id (host outputs are
+    copied there, BYTES excepted). A request made without one gets each output where its model
+    put it."""
 
     def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
-        self.preferred_memory_type = preferred_memory_type
+        """Raises TritonModelException for a memory type other than the two, or a device id
+        that is not a non-negative int."""
+        try:
+            kind = MemoryType(int(preferred_memory_type))
+        except (TypeError, ValueError):
+            raise TritonModelException(
+                f"preferred_memory_type must be TRITONSERVER_MEMORY_CPU or TRITONSERVER_MEMORY_GPU, "
+                f"got {preferred_memory_type!r}"
+            ) from None
+        if isinstance(preferred_device_id, bool) or not isinstance(preferred_device_id, int) or preferred_device_id < 0:
+            raise TritonModelException(f"preferred_device_id must be a non-negative int, got {preferred_device_id!r}")
+        self.preferred_memory_type = kind
         self.preferred_device_id = preferred_device_id
 
 
@@ -241,7 +259,6 @@ class InferenceTrace:
         return json.dumps({"traceparent": value, "tracestate": state} if state else {"traceparent": value})
 
 
-_CPU_MEMORY = PreferredMemory(TRITONSERVER_MEMORY_CPU)  # what a wrapped request records (never changed)
 _NO_TRACE = InferenceTrace()
 _NO_PARAMETERS: dict[str, Any] = {}  # the parameters of a response made without any (never written to)
 
@@ -376,7 +393,9 @@ class InferenceRequest:
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
-        self._preferred_memory = preferred_memory or PreferredMemory(TRITONSERVER_MEMORY_CPU)
+        if preferred_memory is not None and not isinstance(preferred_memory, PreferredMemory):
+            raise TritonModelException("preferred_memory must be a pb_utils.PreferredMemory")
+        self._preferred_memory = preferred_memory  # None: each output where its model put it
         self._trace = trace or InferenceTrace()
         self._parameters = _params_json(parameters, "request")
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
@@ -404,7 +423,7 @@ class InferenceRequest:
         r._model_version = -1
         r._flags = flags
         r._timeout = timeout
-        r._preferred_memory = _CPU_MEMORY
+        r._preferred_memory = None
         r._trace = _NO_TRACE
         r._parameters = parameters_json
         r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
@@ -414,8 +433,11 @@ class InferenceRequest:
         return r
 
     def inputs(self) -> list[Tensor]:
-        if self._inputs is None:  # wrapped lazily from the trident request
-            self._inputs = [Tensor._wrap(t.name, t.data, t.datatype) for t in self._source.inputs]
+        """The input tensors. Raises TritonModelException when an input in GPU memory must be
+        copied to the host for this model and cannot be (no CUDA library in this process)."""
+        if self._inputs is None:  # wrapped lazily from the trident request (GPU tensors: to the host)
+            self._inputs = [Tensor._wrap(t.name, t.data, t.datatype) if type(t.data) is not _DeviceView
+                            else _host_input(t) for t in self._source.inputs]
         return self._inputs
 
     def request_id(self) -> str:

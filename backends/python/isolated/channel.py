@@ -54,6 +54,9 @@ from typing import Any
 
 import numpy as np
 
+from trident.backends.python._cuda import to_host
+from trident.backends.python._dlpack import DeviceView
+from trident.backends.python._pb_base import TritonModelException
 from trident.errors import Code, TritonError
 from trident.protocol import datatypes
 from trident.types import (
@@ -449,9 +452,19 @@ class Channel:
 
 
 def tensors_to_wire(tensors: Sequence[Tensor], arrays: list[np.ndarray]) -> list[tuple[str, str]]:
+    """``(name, datatype)`` of each tensor; their arrays are appended to ``arrays``. A tensor in
+    GPU memory (a DeviceView: a model process gets CPU tensors) is copied to the host. Raises
+    TritonError(INTERNAL) when that copy is impossible."""
     out = []
     for t in tensors:
-        arrays.append(t.data)
+        data = t.data
+        if type(data) is DeviceView:
+            try:
+                buffer = data.device_buffer  # type: ignore[attr-defined]
+                data = to_host(buffer, f"tensor '{t.name}' in {buffer.describe()}: a copy to the host")
+            except TritonModelException as e:
+                raise TritonError(Code.INTERNAL, str(e)) from None
+        arrays.append(data)
         out.append((t.name, t.datatype))
     return out
 
