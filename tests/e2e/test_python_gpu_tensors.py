@@ -17,20 +17,30 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from e2e.conftest import RunningServer, start_server
-from e2e.gpu_tensor_models import ECHO_CONFIG, ECHO_PY, write_gpu_models
+from e2e.gpu_tensor_models import (
+    CALLER_CONFIG,
+    CALLER_PY,
+    DEVICE_OUT_CONFIG,
+    DEVICE_OUT_PY,
+    ECHO_CONFIG,
+    ECHO_PY,
+    PROCESS_MODE,
+    write_gpu_models,
+)
 from e2e.models import write_model
 from tritonclient.utils import InferenceServerException
 
 X = np.arange(6, dtype=np.float32) - 2.5
 
 
-def _call(client: httpclient.InferenceServerClient, callee: str, memory: str = "default") -> dict[str, np.ndarray]:
+def _call(client: httpclient.InferenceServerClient, callee: str, memory: str = "default",
+          caller: str = "gpu_caller") -> dict[str, np.ndarray]:
     inputs = [httpclient.InferInput("X", [len(X)], "FP32"), httpclient.InferInput("CALLEE", [1], "BYTES"),
               httpclient.InferInput("MEMORY", [1], "BYTES")]
     inputs[0].set_data_from_numpy(X)
     inputs[1].set_data_from_numpy(np.array([callee.encode()], dtype=object))
     inputs[2].set_data_from_numpy(np.array([memory.encode()], dtype=object))
-    result = client.infer("gpu_caller", inputs)
+    result = client.infer(caller, inputs)
     return {name: result.as_numpy(name) for name in ("Y", "CALLEE_SAW_CPU", "SAME_IN", "Y_CPU", "SAME_OUT")}
 
 
@@ -42,6 +52,11 @@ def _flags(out: dict[str, np.ndarray]) -> dict[str, bool]:
 def host_server(tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
     repo = tmp_path_factory.mktemp("gpu-host") / "repo"
     write_gpu_models(repo, "host")
+    # the caller and a GPU-output model again, each in a model process of its own
+    write_model(repo, "process_caller", CALLER_CONFIG.replace('"gpu_caller"', '"process_caller"') % {"source": "host"}
+                + PROCESS_MODE, CALLER_PY)
+    write_model(repo, "process_device_out", DEVICE_OUT_CONFIG.replace('"device_out"', '"process_device_out"')
+                % {"source": "host"} + PROCESS_MODE, DEVICE_OUT_PY)
     server = start_server(repo=repo)
     yield server
     server.stop()
@@ -93,6 +108,17 @@ def test_a_process_isolated_callee_gets_cpu_tensors_and_says_so_at_load(host_ser
     assert ("model 'process_callee': FORCE_CPU_ONLY_INPUT_TENSORS \"no\" has no effect in process mode"
             in host_server.log())
     assert "model 'gpu_callee': input tensors can be both in CPU and GPU" in host_server.log()
+
+
+def test_a_model_process_makes_gpu_tensors_and_sends_them_out_through_the_host(host_server: RunningServer) -> None:
+    with httpclient.InferenceServerClient(host_server.http_url) as c:
+        # BLS from a model process: its GPU tensor reaches even a GPU-inputs callee as a host copy
+        out = _call(c, "gpu_callee", caller="process_caller")
+        assert _flags(out) == {"CALLEE_SAW_CPU": True, "SAME_IN": False, "Y_CPU": True, "SAME_OUT": False}
+        np.testing.assert_array_equal(out["Y"], X)
+        x = httpclient.InferInput("X", [len(X)], "FP32")
+        x.set_data_from_numpy(X)
+        np.testing.assert_array_equal(c.infer("process_device_out", [x]).as_numpy("Y"), X * 2)
 
 
 def test_client_inputs_reach_a_gpu_inputs_model_as_cpu_tensors_and_a_gpu_output_reaches_the_client(
