@@ -236,11 +236,6 @@ class H2Server:
         self._out = bytearray()
         return data
 
-    def requeue(self, data: bytes | bytearray | memoryview) -> None:
-        """Put back the unwritten tail of what :meth:`data_to_send` handed over: it goes out
-        first, before anything queued since."""
-        self._out[:0] = data
-
     # ---- receiving ------------------------------------------------------------------------
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Any]:

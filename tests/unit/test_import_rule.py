@@ -13,7 +13,8 @@ Layers, lowest first (a module may import its own layer and the layers below it)
    ``trident.agents`` (repository agents);
 5. ``trident.batching`` (schedulers; they call backends through the backend interface);
 6. the server core (``trident.server``: the server, the repository, model versions, execution,
-   shared memory, worker threads), host metrics, listeners, the parts of ``--workers`` that
+   shared memory, worker threads), host metrics, listeners and the socket layer both front ends
+   share (``trident.sockets_io``), the parts of ``--workers`` that
    serve no request (``trident.cluster``: CPUs, sockets, the control channel and its messages,
    merging);
 7. front ends: ``trident.http``, ``trident.grpc``, ``trident.openai``, ``trident.perf``, the
@@ -50,7 +51,7 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (4, ("trident.backends", "trident.agents")),
     (5, ("trident.batching",)),
     (6, ("trident.server", "trident.observability.host_metrics", "trident.restricted", "trident.listening",
-         "trident.cluster")),
+         "trident.sockets_io", "trident.cluster")),
     (7, ("trident.http", "trident.grpc", "trident.openai", "trident.perf", "trident.observability.metrics",
          "trident.serve", "trident.startup", "trident.cli", "trident.__main__", "trident.server.threaded",
          "trident.cluster.supervisor", "trident.cluster.worker", "trident.cluster.link", "trident.tritonserver",

@@ -91,7 +91,6 @@ class H2LibEngine:
         conn.decoder.max_header_list_size = config.max_header_list_hard
         conn.increment_flow_control_window(_MAX_WINDOW - 65535)  # the connection window starts at 65535
         self._extra = b""  # frames written beside h2's state machine (GOAWAY)
-        self._front = b""  # the unwritten tail of an earlier data_to_send, sent first
 
     @property
     def highest_inbound_stream_id(self) -> int:
@@ -139,13 +138,7 @@ class H2LibEngine:
         data = self.h2.data_to_send()
         if self._extra:
             data, self._extra = data + self._extra, b""
-        if self._front:
-            data, self._front = self._front + data, b""
         return bytes(data)
-
-    def requeue(self, data: bytes | bytearray | memoryview) -> None:
-        """Put back the unwritten tail of what :meth:`data_to_send` handed over (sent first)."""
-        self._front = bytes(data) + self._front
 
     def send_headers(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]], end_stream: bool = False) -> None:
         try:

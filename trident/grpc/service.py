@@ -18,18 +18,17 @@ import betterproto2
 import trio
 
 from trident.errors import TritonError, invalid_arg, unavailable
-from trident.grpc.transport import Call, GrpcError, Later, Method
+from trident.grpc.transport import Call, GrpcError, Method
 from trident.observability.logs import serving, serving_of
 from trident.observability.trace import TraceParent, parse_traceparent
 from trident.protocol import grpc_codec, grpc_messages
 from trident.protocol.generated import inference as pb
 from trident.protocol.generated.grpc.health import v1 as health
 from trident.restricted import GRPC_MESSAGE, Restriction, grpc_restrictions
-from trident.server.execution import Completion
 from trident.types import InferenceRequest, InferenceResponse, ParamValue
 
 if TYPE_CHECKING:
-    from trident.server import Server
+    from trident.server import RequestHandle, Server
 
 log = logging.getLogger("trident.grpc")
 
@@ -308,23 +307,26 @@ class InferenceService:
         return request
 
     async def model_infer(self, call: Call, data: bytearray) -> tuple[list[Any], int]:
-        """ModelInfer. Raises TritonError (decoupled models: UNSUPPORTED -> UNIMPLEMENTED)."""
+        """ModelInfer in the call's task (a heavy message, decoded in a worker thread, forwarded
+        headers, a restricted API): the reply ``(parts, size)``. Raises TritonError (decoupled
+        models: UNSUPPORTED -> UNIMPLEMENTED)."""
         request = await self._request(call, data)
         token = serving.set(serving_of(request))  # the lines logged meanwhile name the request
         try:
             shm_outputs = self._check_shm_outputs(request)
-            response = await self.server.infer(request, endpoint="ModelInfer RPC")
-            return self._encode(call, response, shm_outputs)
+            return await self._reply(call, self.server.start(request, endpoint="ModelInfer RPC"), shm_outputs)
         finally:
             serving.reset(token)
 
-    def model_infer_now(self, call: Call, data: bytearray) -> Any:
-        """ModelInfer without a task where it can be (``Method.now``): the reply ``(parts, size)``
-        when the request ran here and now (Server.infer_now), else an awaitable of it for the
-        call's task. A heavy message (decoded in a worker thread) or forwarded headers take
-        :meth:`model_infer`. Raises as model_infer."""
+    def model_infer_now(self, call: Call, data: bytearray) -> None:
+        """ModelInfer without a task where it can be (``Method.now``): the request is started on
+        the server (Server.start) and its handle answers the call: at once when it ran here and
+        now, from the task that delivers its response when it is queued and the call may be
+        answered later, else from the call's task (:meth:`Call.run`). A heavy message (decoded
+        in a worker thread) or forwarded headers take :meth:`model_infer`. Raises as model_infer."""
         if self.forward is not None or grpc_codec.is_heavy(data, call.conn.config.offload_size):
-            return self.model_infer(call, data)
+            call.run(self.model_infer(call, data))
+            return
         try:
             request = grpc_codec.decode_model_infer_request(data, self.server.shared_memory.input_view)
         except grpc_codec.DecodeError as e:
@@ -335,19 +337,13 @@ class InferenceService:
         token = serving.set(serving_of(request))  # the lines logged meanwhile name the request
         try:
             shm_outputs = self._check_shm_outputs(request)
-            result: InferenceResponse | Completion | Awaitable[InferenceResponse]
-            if not call.may_answer_later:
-                result = self.server.infer_now(request, endpoint="ModelInfer RPC")
+            handle = self.server.start(request, endpoint="ModelInfer RPC")
+            if handle.response is not None:
+                call.answer(*self._encode(call, handle.response, shm_outputs))  # type: ignore[arg-type]
+            elif call.may_answer_later and handle.on_final(lambda response: self._answer(call, response, shm_outputs)):
+                call.answer_later(handle.cancel)  # queued: answered by whoever delivers the response
             else:
-                def done(response: InferenceResponse) -> None:
-                    self._answer(call, response, shm_outputs)
-
-                result = self.server.infer_now(request, endpoint="ModelInfer RPC", on_done=done)
-            if isinstance(result, Completion):  # queued: answered by whoever delivers the response
-                return Later(result.cancel)
-            if isinstance(result, InferenceResponse):
-                return self._encode(call, result, shm_outputs)
-            return self._encode_later(call, result, shm_outputs, request)
+                call.run(self._reply_in_context(call, handle, shm_outputs, request))
         finally:
             serving.reset(token)
 
@@ -363,11 +359,18 @@ class InferenceService:
             return
         call.answer(parts, size)
 
-    async def _encode_later(self, call: Call, result: Awaitable[InferenceResponse],
-                            shm_outputs: dict[str, Any] | None, request: InferenceRequest) -> tuple[list[Any], int]:
-        token = serving.set(serving_of(request))  # the lines logged meanwhile name the request
+    async def _reply(self, call: Call, handle: RequestHandle,
+                     shm_outputs: dict[str, Any] | None) -> tuple[list[Any], int]:
+        """The reply of a request that did not run at once, awaited in the call's task (its
+        cancellation cancels the request). Raises the request's TritonError."""
+        return self._encode(call, await handle.wait(), shm_outputs)
+
+    async def _reply_in_context(self, call: Call, handle: RequestHandle, shm_outputs: dict[str, Any] | None,
+                                request: InferenceRequest) -> tuple[list[Any], int]:
+        """:meth:`_reply` with the lines logged meanwhile naming the request (a task of its own)."""
+        token = serving.set(serving_of(request))
         try:
-            return self._encode(call, await result, shm_outputs)
+            return await self._reply(call, handle, shm_outputs)
         finally:
             serving.reset(token)
 

@@ -52,13 +52,10 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
-from bisect import bisect_right
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import Any
 
 import trio
@@ -81,6 +78,7 @@ from trident.protocol import h2_guard, http2
 from trident.protocol.grpc_framing import FramingError
 from trident.protocol.h2_guard import FrameGuard, PingPolicy
 from trident.server import worker_threads
+from trident.sockets_io import SocketIO
 
 log = logging.getLogger("trident.grpc")
 
@@ -90,7 +88,6 @@ Parts = Sequence[Any]  # buffers: bytes, bytearray, memoryview or 1-D uint8 nump
 _RECEIVE_SIZE = 256 * 1024
 _RECEIVE_MAX = 1024 * 1024 + 64 * 1024  # after a read that filled its buffer: a 1 MiB message and its frame headers
 _WRITEV_SIZE = 64 * 1024  # a response message from this size is written from its parts (no copy)
-_IOV_MAX = 1024
 _INLINE_INFLATE = 1024 * 1024  # gzip output inflated on the event loop; the rest in worker threads
 _THREAD_INFLATE = 16 * 1024 * 1024  # gzip output per worker-thread step (cancellation between steps)
 _KEEPALIVE_PING = b"trident\x00"
@@ -121,31 +118,20 @@ class GrpcError(Exception):
         self.message = message
 
 
-class Later:
-    """What ``Method.now`` returns for a call it will answer later with :meth:`Call.answer`
-    or :meth:`Call.fail`, from whichever task on the trio thread has the answer: the call
-    then has no task of its own. ``cancel()`` is called, once, if the call ends before its
-    answer (a reset, the connection's end); an answer after that is dropped."""
-
-    __slots__ = ("cancel",)
-
-    def __init__(self, cancel: Callable[[], None]) -> None:
-        self.cancel = cancel
-
-
 @dataclass(frozen=True)
 class Method:
     """A handler: unary ``(call, message) -> (parts, size)`` or streaming ``(call) -> None``.
 
-    ``now``, for a unary method, is the same handler without a task where it can be:
-    ``now(call, message)`` returns ``(parts, size)`` when it answered here and now, an
-    awaitable of them that the call's task awaits (see :meth:`Connection._dispatch`), or a
-    :class:`Later` when it answers through the call (only when :attr:`Call.may_answer_later`).
+    ``now``, for a unary method, is the same handler without a task where it can be, called
+    once the call's one message is in (see :meth:`Connection._dispatch`): ``now(call, message)``
+    answers the call itself, with exactly one of :meth:`Call.answer` / :meth:`Call.fail` (here
+    and now, or later from whichever task has the answer, after :meth:`Call.answer_later`) or
+    :meth:`Call.run` (the call's task awaits the reply); raising is :meth:`Call.fail`.
     """
 
     handler: Callable[..., Awaitable[Any]]
     streaming: bool = False
-    now: Callable[..., Any] | None = None
+    now: Callable[[Call, bytearray], None] | None = None
 
 
 class ServerBudget:
@@ -181,9 +167,11 @@ class Call:
     #: a unary call whose task is not started yet (Method.now): the connection looks at it
     #: each time its stream moves (:meth:`Connection._dispatch`)
     deferred: Method | None = None
-    #: the unary method run by Method.now, and what it returned to answer later (a Later)
+    #: the unary method run by Method.now; what cancels the answer of a call answered later
+    #: (:meth:`answer_later`); whether the call got a task after Method.now (:meth:`run`)
     method: Method | None = None
-    later: Later | None = None
+    later: Callable[[], None] | None = None
+    tasked = False
 
     def __init__(self, conn: Connection, stream_id: int, path: str, headers: Sequence[tuple[bytes, bytes]],
                  deadline: float, encoding: str | None, response_encoding: str | None) -> None:
@@ -200,20 +188,35 @@ class Call:
 
     @property
     def may_answer_later(self) -> bool:
-        """Whether ``Method.now`` may answer this call later (:class:`Later`): it has no
+        """Whether ``Method.now`` may answer this call later (:meth:`answer_later`): it has no
         deadline to watch (a call's deadline is its task's cancel scope)."""
         return self.deadline == math.inf
 
     def answer(self, parts: Parts, size: int) -> None:
-        """The reply of a call answered later (:class:`Later`); sends it now, or has a task of
-        the connection send what the windows cannot take at once. Never waits, never raises;
-        dropped if the call is over."""
+        """The reply of a call answered by ``Method.now``, at once or later: sent now, or by a
+        task of the connection's when the windows cannot take it at once. Never waits, never
+        raises; dropped if the call is over."""
         self.conn._answer(self, parts, size)
 
     def fail(self, error: Exception) -> None:
-        """End a call answered later (:class:`Later`) with the status of ``error`` (as a
-        handler raising it). Never waits, never raises; dropped if the call is over."""
+        """End a call answered by ``Method.now``, at once or later, with the status of
+        ``error`` (as a handler raising it). Never waits, never raises; dropped if the call is
+        over."""
         self.conn._answer_error(self, error)
+
+    def answer_later(self, cancel: Callable[[], None]) -> None:
+        """``Method.now`` answers the call later (:meth:`answer` / :meth:`fail`, from whichever
+        task on the trio thread has the answer) and the call has no task meanwhile:
+        ``cancel()`` is called, once, if the call ends first (a reset, the connection's end).
+        Only when :attr:`may_answer_later`."""
+        if self.conn.calls.get(self.stream_id) is self:  # not answered yet
+            self.later = cancel
+
+    def run(self, reply: Awaitable[tuple[Parts, int]]) -> None:
+        """``Method.now`` cannot answer at once: the call's task awaits ``reply`` (an awaitable
+        of ``(parts, size)``) and sends it, under the call's cancel scope (a reset, the
+        deadline, the connection's end)."""
+        self.conn._start_call(self, reply)
 
     @property
     def metadata(self) -> list[tuple[str, str | bytes]]:
@@ -292,8 +295,8 @@ class Call:
         if self.scope is not None:
             self.scope.cancel()
         if self.later is not None:  # no task to end it: it ends here
-            later, self.later = self.later, None
-            later.cancel()
+            cancel, self.later = self.later, None
+            cancel()
             self.conn._forget(self)
             return
         self._wake()
@@ -398,7 +401,7 @@ class Call:
         framing.check_size(size, self.conn.config.max_message_size, "sent")
         encoding = self.response_encoding if self.compress_responses and self.conn.config.compression_level else None
         conn = self.conn
-        if encoding is None and size >= _WRITEV_SIZE and conn._fd >= 0 and hasattr(conn.engine, "data_frames"):
+        if encoding is None and size >= _WRITEV_SIZE and conn.io.fd >= 0 and hasattr(conn.engine, "data_frames"):
             # a large message is written from its parts (headers and views: no copy)
             if not self._headers_sent:
                 self._headers_sent = True
@@ -453,9 +456,9 @@ class Connection:
     def __init__(self, stream: trio.abc.Stream, methods: dict[str, Method], config: TransportConfig,
                  budget: ServerBudget | None = None, *, handshake_deadline: float | None = None) -> None:
         self.stream = stream
-        #: a plain TCP stream's socket, read and written with non-blocking calls that wait
-        #: through trio only when the kernel says so (-1: TLS or another stream, through trio)
-        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
+        #: the connection's socket (trident.sockets_io): non-blocking reads and writes that wait
+        #: through trio only when the kernel says so, one write at a time
+        self.io = SocketIO(stream, on_broken=self._break)
         self.methods = methods
         self.config = config
         self.budget = budget if budget is not None else ServerBudget(config.max_buffered_bytes, config.worker_threads)
@@ -467,15 +470,14 @@ class Connection:
         #: the reason of the GOAWAY ENHANCE_YOUR_CALM sent, if any
         self.abuse: str | None = None
         self._buffer_limit = config.connection_buffer_limit
-        self._send_lock = trio.StrictFIFOLock()
         self._flush_queued = False  # a task of _kick's is to write what the engine holds
+        self._answering = False  # Method.now runs: its answer is flushed by the read loop
         self._window_event = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._reader_scope = trio.CancelScope()
         self._drain = trio.Event()
         self._draining = False
         self._broken = False
-        self._drained = False  # the last read emptied the socket: the next one waits first
         self._receive_size = _RECEIVE_SIZE  # the next read's size (grows while reads come back full)
         # the loop's clock, read directly (trio.current_time() is three calls deep): once per read
         self._now: Callable[[], float] = trio.lowlevel.current_clock().current_time
@@ -512,7 +514,7 @@ class Connection:
             self._handshake_deadline = trio.current_time() + config.handshake_timeout
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
+                self._nursery = self.io.tasks = nursery
                 nursery.start_soon(self._drainer)
                 nursery.start_soon(self._watchdog)
                 await self._flush()
@@ -525,17 +527,15 @@ class Connection:
                     call.deferred = None
                     call._release()
                 if call.later is not None:  # answered later: no task of its own to cancel
-                    later, call.later = call.later, None
-                    later.cancel()
+                    cancel, call.later = call.later, None
+                    cancel()
+            self.io.tasks = None
             with trio.CancelScope(shield=True):
                 if not self._broken:
                     with trio.move_on_after(1):
-                        async with self._send_lock:
-                            try:
-                                self.engine.goaway(http2.NO_ERROR)
-                                await self.stream.send_all(self.engine.data_to_send())
-                            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                                pass
+                        await self.io.wait_turn()
+                        self.engine.goaway(http2.NO_ERROR)
+                        await self.io.write([self.engine.data_to_send()])
                 elif self.abuse is not None:
                     await self._linger()
                 await trio.aclose_forcefully(self.stream)
@@ -551,8 +551,7 @@ class Connection:
         await self._drain.wait()
         self._draining = True
         self.engine.goaway(http2.NO_ERROR, self._goaway_debug)  # the streams still running may finish
-        async with self._send_lock:
-            await self._send_raw(self.engine.data_to_send())
+        await self._flush()
         self._maybe_close()
 
     def _maybe_close(self) -> None:
@@ -565,15 +564,26 @@ class Connection:
         self._reader_scope.cancel()
 
     async def _read_loop(self) -> None:
+        """Read the socket and feed the engine until the connection ends. Each read is exactly
+        one checkpoint, as trio's ``receive_some``: the wait for bytes, or a yield when they
+        were there. A read that fills its buffer (a large message arriving) makes the next one
+        ``_RECEIVE_MAX`` bytes, until a read returns less than ``_RECEIVE_SIZE``: a 1 MiB
+        message then takes a read or two, not five."""
         guard = self.guard
+        io = self.io
         while True:
+            io.yielded = False
+            size = self._receive_size
             try:
-                data = await self._receive_some()
+                data = await io.receive(size)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._broken = True
                 return
             if not data:
                 return
+            self._receive_size = next_receive_size(size, len(data))
+            if not io.yielded:
+                await trio.lowlevel.checkpoint()
             now = self._last_received = self._now()
             cuts = guard.feed(data, now)
             if guard.abuse is not None:
@@ -590,35 +600,6 @@ class Connection:
                     start = cut
             elif not await self._receive(data):
                 return
-
-    async def _receive_some(self) -> bytes | bytearray:
-        """The next received bytes (b"" at EOF); raises trio.BrokenResourceError. Exactly one
-        checkpoint, as ``receive_some``: the wait for bytes, or a yield when they were there.
-        After a read that emptied the socket (fewer bytes than asked for), it waits for bytes
-        first instead of trying a read that would almost always fail. A read that fills its
-        buffer (a large message arriving) makes the next one ``_RECEIVE_MAX`` bytes, until a read
-        returns less than ``_RECEIVE_SIZE``: a 1 MiB message then takes a read or two, not five."""
-        fd = self._fd
-        if fd < 0:
-            return await self.stream.receive_some(_RECEIVE_SIZE)
-        waited = self._drained
-        if waited:
-            await trio.lowlevel.wait_readable(fd)
-        size = self._receive_size
-        while True:
-            try:
-                data = os.read(fd, size)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(fd)
-                waited = True
-                continue
-            except OSError as exc:
-                raise trio.BrokenResourceError(exc) from exc
-            self._drained = len(data) < size
-            self._receive_size = next_receive_size(size, len(data))
-            if not waited:
-                await trio.lowlevel.checkpoint()
-            return data
 
     async def _receive(self, data: bytes | bytearray | memoryview) -> bool:
         """Feed one slice to the engine and act on its events; False once the connection must end."""
@@ -637,12 +618,15 @@ class Connection:
         while i < count:
             event = events[i]
             i += 1
-            if event[0] == http2.REQUEST and i < count and not event[3]:
-                data = events[i]  # the request's message, END_STREAM, in the same read: run it at once
-                if (data[0] == http2.DATA and data[1] == event[1] and data[4]
-                        and self._unary(event[1], event[2], data[2], data[3])):
-                    i += 1
+            if event[0] == http2.REQUEST:
+                message = events[i] if i < count and not event[3] else None
+                if message is not None and message[0] == http2.DATA and message[1] == event[1] and message[4]:
+                    # the request's message, END_STREAM, in the same read: may run at once
+                    if self._open_call(event[1], event[2], False, message[2], message[3]):
+                        i += 1
                     continue
+                self._open_call(event[1], event[2], event[3])
+                continue
             handle(event)
         if self.abuse is not None:
             await self._calm(self.abuse)
@@ -655,8 +639,7 @@ class Connection:
         log.warning("gRPC client abuse (%s): GOAWAY ENHANCE_YOUR_CALM", reason)
         self.abuse = reason
         self.engine.goaway(http2.ENHANCE_YOUR_CALM, reason.encode("ascii"))
-        async with self._send_lock:
-            await self._send_raw(self.engine.data_to_send())
+        await self._flush()
         self._broken = True  # nothing more is sent
 
     async def _linger(self) -> None:
@@ -669,7 +652,7 @@ class Connection:
                     await self.stream.send_eof()
                 dropped = 0
                 while dropped < _LINGER_BYTES:
-                    data = await self.stream.receive_some(_RECEIVE_SIZE)
+                    data = await self.io.receive(_RECEIVE_SIZE)
                     if not data:
                         break
                     dropped += len(data)
@@ -688,8 +671,6 @@ class Connection:
                     call._on_end()
             else:
                 self._ack(flow, stream_id)
-        elif kind == http2.REQUEST:
-            self._open_call(event[1], event[2], event[3])
         elif kind == http2.TRAILERS:
             call = self.calls.get(event[1])
             if call is not None:
@@ -850,31 +831,64 @@ class Connection:
 
     # ---- calls ----------------------------------------------------------------------------
 
-    def _open_call(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]], ended: bool) -> None:
+    def _open_call(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]], ended: bool, data: Any = None,
+                   flow: int = 0) -> bool:
+        """A new stream: the one way a call starts. Refused (draining, over the stream limit,
+        headers that ask for what is not served), or a :class:`Call`: a streaming method, or a
+        unary one without ``Method.now``, starts its task now; a unary call with ``Method.now``
+        waits without a task until its message is in (:meth:`_dispatch`).
+
+        ``data`` and ``flow``: the stream's first DATA, read with its HEADERS and ending the
+        stream (the usual unary call). When it carries exactly one whole uncompressed message
+        within the limits and budgets, the call runs here and now (:meth:`_run_now`) without
+        its message decoder, queue or wake-up, and True is returned (the DATA is consumed);
+        otherwise False, and the DATA goes the usual way (:meth:`_handle`)."""
         if self._draining:
             self._reset_quietly(stream_id, http2.REFUSED_STREAM)
-            return
+            return False
         if len(self.calls) >= self.config.max_concurrent_streams:
             # RFC 9113 §5.1.2: a stream error; the engine decoded the block, so HPACK stays in step
             self._reset_quietly(stream_id, http2.REFUSED_STREAM)
             if not self.guard.stream_refused(self._last_received):
                 self.abuse = self.guard.abuse
-            return
+            return False
         parsed = self._parsed(headers)
         if len(parsed) == 3:  # refused: (status, message, http status)
             self._refuse(stream_id, ended, *parsed)
-            return
+            return False
         path, entry, encoding, timeout, response_encoding = parsed
+        message = None
+        if data is not None and entry.now is not None and (timeout is None or timeout > 0):
+            message = self._whole_message(data)
         deadline = math.inf if timeout is None else trio.current_time() + timeout
         call = Call(self, stream_id, path, headers, deadline, encoding, response_encoding)
         self.calls[stream_id] = call
+        if message is not None:
+            call._ended = True
+            self._ack(flow, stream_id)
+            self._run_now(call, entry, message)
+            return True
         if ended:
             call._ended = True
         elif entry.now is not None:
             call.deferred = entry  # its message is still to come: see _dispatch
-            return
+            return False
         assert self._nursery is not None
         self._nursery.start_soon(self._run_call, call, entry)
+        return False
+
+    def _whole_message(self, data: Any) -> bytearray | None:
+        """The one uncompressed message that ``data`` (a stream's only DATA) carries whole, within
+        the size limit and the budgets; None for anything else."""
+        if type(data) is list:
+            return None
+        size = len(data) - framing.PREFIX_SIZE
+        if size < 0 or size > self.config.max_message_size or size > self._room():
+            return None
+        flag, length = framing.PREFIX.unpack_from(data)
+        if flag or length != size:
+            return None
+        return bytearray(data[framing.PREFIX_SIZE:])
 
     def _parsed(self, headers: Sequence[tuple[bytes, bytes]]) -> tuple[Any, ...]:
         """:meth:`_parse_headers`, remembered for a header tuple the engine hands out again."""
@@ -887,33 +901,6 @@ class Connection:
                 self._parsed_headers.clear()
             self._parsed_headers[id(headers)] = (headers, parsed)  # holds headers: the id stays unique
         return parsed
-
-    def _unary(self, stream_id: int, headers: Sequence[tuple[bytes, bytes]], data: Any, flow: int) -> bool:
-        """A new stream's request, its HEADERS and then DATA ending the stream that carries
-        exactly one whole uncompressed message, read at once (the usual unary call): it runs
-        here and now (:meth:`_run_now`) without the call's message decoder, queue or wake-up.
-        False, with nothing done, for anything else (a refused or streaming call, a deadline
-        already due, the message over a limit or a budget): the events then go the usual way,
-        which answers those cases."""
-        if type(data) is list or self._draining or len(self.calls) >= self.config.max_concurrent_streams:
-            return False
-        size = len(data) - framing.PREFIX_SIZE
-        if size < 0 or size > self.config.max_message_size or size > self._room():
-            return False
-        flag, length = framing.PREFIX.unpack_from(data)
-        if flag or length != size:
-            return False
-        parsed = self._parsed(headers)
-        if len(parsed) == 3 or parsed[1].now is None or (parsed[3] is not None and parsed[3] <= 0):
-            return False
-        path, entry, encoding, timeout, response_encoding = parsed
-        deadline = math.inf if timeout is None else trio.current_time() + timeout
-        call = Call(self, stream_id, path, headers, deadline, encoding, response_encoding)
-        call._ended = True
-        self.calls[stream_id] = call
-        self._ack(flow, stream_id)
-        self._run_now(call, entry, bytearray(data[framing.PREFIX_SIZE:]))
-        return True
 
     def _dispatch(self, call: Call) -> None:
         """A deferred unary call's stream moved (a message, its end, an error or a reset).
@@ -938,39 +925,42 @@ class Connection:
         self._run_now(call, method, message)
 
     def _run_now(self, call: Call, method: Method, message: bytearray) -> None:
-        """Run a unary call whose one message is in and whose client half-closed: answered
-        into the engine's buffer when ``Method.now`` answers at once and the windows take the
-        response, else by the call's task (which owns it from then on)."""
-        assert method.now is not None and self._nursery is not None
+        """Run a unary call whose one message is in and whose client half-closed: ``Method.now``
+        answers it into the engine's buffer (flushed by the read loop after the chunk) when it
+        can, at once, or later from another task, or gives it a task of its own
+        (:meth:`Call.run`), which owns it from then on."""
+        assert method.now is not None
         call.method = method
+        self._answering = True
         try:
-            result = method.now(call, message)
+            method.now(call, message)
         except Exception as e:
-            status, text = _status_of(e, call.path)
-            self._end_call(call, status, text)
+            if self._answerable(call) and not call.tasked:
+                status, text = _status_of(e, call.path)
+                self._end_call(call, status, text)
+                self._forget(call)
+            return
+        finally:
+            self._answering = False
+        if self.calls.get(call.stream_id) is call and call.later is None and not call.tasked:
+            log.error("gRPC handler for %s gave the call no answer", call.path)
+            self._end_call(call, GRPC_INTERNAL, "the handler gave no answer")
             self._forget(call)
-            return
-        if isinstance(result, tuple) and self._send_now(call, *result):
-            self._end_call(call, GRPC_OK, "")
-            self._forget(call)
-            return
-        if isinstance(result, Later):
-            if self.calls.get(call.stream_id) is call:  # not answered yet
-                call.later = result
-            return
-        self._nursery.start_soon(self._run_call, call, method, result)
 
     def _answer(self, call: Call, parts: Parts, size: int) -> None:
-        """:meth:`Call.answer`: like :meth:`_run_now` for a reply that came later."""
-        if not self._answerable(call):
+        """:meth:`Call.answer`: queued in the engine's buffer when the windows take it whole (and
+        written now, unless the read loop is answering and flushes after its chunk), else sent
+        by a task of the call's. Dropped when the call is over (see :meth:`_answerable`)."""
+        call.later = None
+        if self.calls.get(call.stream_id) is not call or call.reset or self._broken:
             return
         if self._send_now(call, parts, size):
             self._end_call(call, GRPC_OK, "")
             self._forget(call)
-            self._kick()
+            if not self._answering:
+                self._kick()
             return
-        assert call.method is not None and self._nursery is not None
-        self._nursery.start_soon(self._run_call, call, call.method, (parts, size))
+        self._start_call(call, reply=(parts, size))
 
     def _answer_error(self, call: Call, error: Exception) -> None:
         """:meth:`Call.fail`."""
@@ -979,7 +969,15 @@ class Connection:
         status, text = _status_of(error, call.path)
         self._end_call(call, status, text)
         self._forget(call)
-        self._kick()
+        if not self._answering:
+            self._kick()
+
+    def _start_call(self, call: Call, awaiting: Awaitable[tuple[Parts, int]] | None = None,
+                    reply: tuple[Parts, int] | None = None) -> None:
+        """Give a call answered by ``Method.now`` the task that finishes it (:meth:`_run_call`)."""
+        assert call.method is not None and self._nursery is not None
+        call.tasked = True
+        self._nursery.start_soon(self._run_call, call, call.method, awaiting, reply)
 
     def _answerable(self, call: Call) -> bool:
         """Whether a call answered later is still waiting for its answer (it is then no longer)."""
@@ -1081,11 +1079,12 @@ class Connection:
         except http2.StreamClosedError:
             pass
 
-    async def _run_call(self, call: Call, method: Method, started: Any = None) -> None:
-        """The call's task: run its handler (``started``: what ``Method.now`` returned, an
-        awaitable or the reply) and end the call."""
+    async def _run_call(self, call: Call, method: Method, awaiting: Awaitable[tuple[Parts, int]] | None = None,
+                        reply: tuple[Parts, int] | None = None) -> None:
+        """The call's task: run its handler (``awaiting``: the reply ``Method.now`` left to this
+        task; ``reply``: one it made that the windows could not take at once) and end the call."""
         try:
-            status, message = await self._invoke(call, method, started)
+            status, message = await self._invoke(call, method, awaiting, reply)
             self.calls.pop(call.stream_id, None)
             if status is None or call.reset:
                 return
@@ -1119,7 +1118,8 @@ class Connection:
                 self._arm(now + self.config.idle_timeout)
         self._maybe_close()
 
-    async def _invoke(self, call: Call, method: Method, started: Any = None) -> tuple[int | None, str]:
+    async def _invoke(self, call: Call, method: Method, awaiting: Awaitable[tuple[Parts, int]] | None = None,
+                      reply: tuple[Parts, int] | None = None) -> tuple[int | None, str]:
         """Run the handler; returns the status to end the call with (None: nothing to send)."""
         try:
             with trio.CancelScope(deadline=call.deadline) as scope:
@@ -1129,14 +1129,11 @@ class Connection:
                 if method.streaming:
                     await method.handler(call)
                 else:
-                    if started is None:
-                        request = await call.recv_unary()
-                        parts, size = await method.handler(call, request)
-                    elif isinstance(started, tuple):
-                        parts, size = started
-                    else:
-                        parts, size = await started
-                    await call._send(parts, size, flush=False)  # flushed with the trailers
+                    if reply is None:
+                        if awaiting is None:
+                            awaiting = method.handler(call, await call.recv_unary())
+                        reply = await awaiting
+                    await call._send(*reply, flush=False)  # flushed with the trailers
         except Exception as e:
             return _status_of(e, call.path)
         if scope.cancelled_caught:
@@ -1224,83 +1221,52 @@ class Connection:
             await self._write_views(buffers)
 
     async def _write_views(self, buffers: list[Any]) -> None:
-        """Write what the engine has queued, then ``buffers``, in order (the send lock keeps
-        other writes behind them); on a broken connection, cancels every call."""
-        lock = self._send_lock
-        if lock.locked():
-            await lock.acquire()
-        else:
-            lock.acquire_nowait()
-        try:
-            queued = self.engine.data_to_send()
-            if queued:
-                buffers.insert(0, queued)
-            fd = self._fd
-            try:
-                while buffers:
-                    batch = buffers[:_IOV_MAX]
-                    try:
-                        n = os.writev(fd, batch)
-                    except BlockingIOError:
-                        await trio.lowlevel.wait_writable(fd)
-                        continue
-                    except OSError as exc:
-                        raise trio.BrokenResourceError(exc) from exc
-                    if n == sum(map(len, batch)):  # the whole batch went (no walk over its buffers)
-                        del buffers[:_IOV_MAX]
-                        continue
-                    ends = list(accumulate(map(len, batch)))
-                    done = bisect_right(ends, n)  # the buffers written whole (no walk over them in Python)
-                    n -= ends[done - 1] if done else 0
-                    del buffers[:done]
-                    if n:
-                        buffers[0] = memoryview(buffers[0]).cast("B")[n:]
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                await self._broken_connection()
-        finally:
-            lock.release()
+        """Write what the engine has queued, then ``buffers``, in order, in the connection's
+        turn (other writes wait behind them); on a broken connection, cancels every call."""
+        io = self.io
+        await io.wait_turn()
+        queued = self.engine.data_to_send()
+        if queued:
+            buffers.insert(0, queued)
+        if not io.write_now(buffers):
+            await io.write_rest(buffers)
+        if io.broken:
+            await self._broken_connection()
 
     async def _flush(self) -> None:
-        """Write whatever the engine has queued (without a checkpoint when nothing is, nor on a
-        socket that takes it all at once while no other write is in progress). On a broken
-        connection, cancels every call."""
+        """Write whatever the engine has queued, behind the write in progress (without a
+        checkpoint when nothing is queued, nor on a socket that takes it all at once while no
+        other write is in progress). On a broken connection, cancels every call."""
         engine = self.engine
         if not engine.has_data_to_send():
             return
-        lock = self._send_lock
-        if self._fd >= 0 and not lock.locked():
-            lock.acquire_nowait()  # taken at once: a write that must wait keeps later ones behind it
-            try:
-                data = engine.data_to_send()
-                if data:
-                    await self._send_raw(data)
-            finally:
-                lock.release()
-            return
-        async with lock:
-            data = engine.data_to_send()
-            if data:
-                await self._send_raw(data)
+        io = self.io
+        if io.busy is not None:
+            await io.wait_turn()
+        data = engine.data_to_send()
+        if data:
+            parts = [data]
+            if not io.write_now(parts, len(data)):
+                await io.write_rest(parts)
+            if io.broken:
+                await self._broken_connection()
 
     def _kick(self) -> None:
         """Write what the engine queued, from a task that cannot wait for the socket (a call
-        answered later, by another task): at once when the socket takes it all, else a task of
-        the connection writes the rest (the engine keeps it, in order, until then)."""
+        answered later, by another task): at once when the socket takes it all, the rest by a
+        task of the connection that holds its turn; behind a write in progress, by a task of
+        the connection (once, whatever it finds queued then)."""
         engine = self.engine
         if self._broken or not engine.has_data_to_send():
             return
-        if self._fd >= 0 and not self._send_lock.locked():
+        io = self.io
+        if io.busy is None:
             data = engine.data_to_send()
-            try:
-                n = os.write(self._fd, data)
-            except BlockingIOError:
-                n = 0
-            except OSError:
+            if data:
+                io.write_soon([data])
+            if io.broken:
                 self._break()
-                return
-            if n == len(data):
-                return
-            engine.requeue(memoryview(data)[n:])
+            return
         if not self._flush_queued and self._nursery is not None:
             self._flush_queued = True
             self._nursery.start_soon(self._queued_flush)
@@ -1308,29 +1274,6 @@ class Connection:
     async def _queued_flush(self) -> None:
         self._flush_queued = False
         await self._flush()
-
-    async def _send_raw(self, data: bytes) -> None:
-        """Write ``data`` whole (the caller holds the send lock)."""
-        fd = self._fd
-        try:
-            if fd < 0:
-                await self.stream.send_all(data)
-                return
-            view: memoryview | None = None
-            pos, end = 0, len(data)
-            while pos < end:
-                try:
-                    n = os.write(fd, data if view is None else view[pos:])
-                except BlockingIOError:
-                    await trio.lowlevel.wait_writable(fd)
-                    continue
-                except OSError as exc:
-                    raise trio.BrokenResourceError(exc) from exc
-                pos += n
-                if pos < end and view is None:
-                    view = memoryview(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            await self._broken_connection()
 
     async def _broken_connection(self) -> None:
         """A write failed: nothing more is sent, every call is cancelled, the reader stops."""

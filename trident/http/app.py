@@ -35,14 +35,22 @@ from trident.config import config_to_json
 from trident.errors import HTTP_NOT_READY, invalid_arg, unsupported
 from trident.http import generate
 from trident.http.asgi import ASGIApp, Receive, Scope, Send
-from trident.http.infer import JSON, Disconnected, HTTPError, InferEndpoint, Later, error_reply, too_large
+from trident.http.infer import (
+    JSON,
+    Disconnected,
+    HTTPError,
+    InferEndpoint,
+    InferExchange,
+    error_reply,
+    too_large,
+)
 from trident.openai.app import PREFIX as OPENAI_PREFIX
 from trident.openai.app import make_openai_app, restricted_category
 from trident.protocol import kserve
-from trident.types import InferenceRequest, InferenceResponse
+from trident.types import InferenceResponse
 
 if TYPE_CHECKING:
-    from trident.server import Server
+    from trident.server import RequestHandle, Server
 
 log = logging.getLogger("trident.http")
 
@@ -161,13 +169,13 @@ async def _watch_disconnect(receive: Receive, infer_scope: trio.CancelScope) -> 
             return
 
 
-async def _infer_watching(server: Server, request: InferenceRequest, receive: Receive) -> InferenceResponse | None:
-    """``await server.infer(request)``; None when ``http.disconnect`` arrived first (the request
-    is cancelled then).
+async def _wait_watching(handle: RequestHandle, receive: Receive) -> InferenceResponse | None:
+    """``await handle.wait()``; None when ``http.disconnect`` arrived first (the request is
+    cancelled then).
 
-    A watcher task waits for ``http.disconnect`` next to the inference and is cancelled once it
+    A watcher task waits for ``http.disconnect`` next to the request and is cancelled once it
     is over (trident's own HTTP/1.1 server answers /infer without ASGI and without a task per
-    request; this path serves hypercorn and direct ASGI callers). Raises what ``server.infer``
+    request; this path serves hypercorn and direct ASGI callers). Raises what ``handle.wait()``
     raises.
     """
     infer_scope = trio.CancelScope()
@@ -177,7 +185,7 @@ async def _infer_watching(server: Server, request: InferenceRequest, receive: Re
         nursery.start_soon(_watch_disconnect, receive, infer_scope, name="trident.http.watch_disconnect")
         try:
             with infer_scope:
-                response = await server.infer(request)
+                response = await handle.wait()
         except Exception as exc:  # re-raised below, outside the nursery (no ExceptionGroup)
             error = exc
         nursery.cancel_scope.cancel()
@@ -219,15 +227,25 @@ def make_app(server: Server, endpoint: InferEndpoint | None = None) -> ASGIApp:
         endpoint.check_restricted(scope["headers"], category)
 
     async def infer(scope: Scope, receive: Receive, send: Send, name: str, version: str) -> None:
-        async def read_body() -> bytearray:
-            return await _read_body(scope, receive, limit)
-
-        async def run(request: InferenceRequest, heavy: bool) -> InferenceResponse | None:
-            return await _infer_watching(server, request, receive)
-
-        reply = await endpoint.handle(scope["headers"], read_body, run, name, version)
-        assert not isinstance(reply, Later)  # this run never answers later
-        status, headers, parts = reply
+        exchange = InferExchange(endpoint)
+        try:
+            body = await _read_body(scope, receive, limit)
+            try:
+                handle = await exchange.start(scope["headers"], body, name, version)
+                del body
+                response = handle.response if handle.response is not None else await _wait_watching(handle, receive)
+                if response is None:
+                    raise _Disconnected
+                status, headers, parts = await exchange.respond(response)
+                del response
+            finally:
+                exchange.end()
+                if exchange.heavy is not None:
+                    await exchange.free()
+        except _Disconnected:
+            raise
+        except Exception as exc:
+            status, headers, parts = exchange.error(exc)
         await _send_parts(send, status, headers, parts)
 
     async def model_route(

@@ -2,18 +2,24 @@
 
 The ASGI application (:mod:`trident.http.app`, served by hypercorn or by trident's server for
 routes other than /infer) and the ASGI-free fast path of trident's HTTP/1.1 server
-(:mod:`trident.http.fastserver`) both answer an infer request with :meth:`InferEndpoint.handle`,
-so they decode, run, encode and map errors with the same code and give the same answers. The
-caller supplies the transport's two operations: reading the body and running the request
-while it watches for a client disconnect.
+(:mod:`trident.http.connection`) answer an infer request with the same steps, which they run
+in their own task, one after the other: :meth:`InferExchange.start` decodes the body and starts
+the request on the server (its :class:`~trident.server.RequestHandle`), the transport waits for
+the handle as it can (watching for a client disconnect), and :meth:`InferExchange.reply` (or
+:meth:`~InferExchange.respond`, for a large encode) makes the answer; :meth:`~InferExchange.error`
+maps an exception to its answer. So both decode, run, encode and map errors alike.
+:class:`InferEndpoint` holds what the requests of one server share (the size limit, the
+restricted API, forwarded headers, shared memory).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+import trio
 
 from trident.errors import Code, TritonError, http_status, invalid_arg
 from trident.http import offload
@@ -24,15 +30,15 @@ from trident.restricted import HTTP_MESSAGE, http_restrictions
 from trident.types import InferenceRequest, InferenceResponse
 
 if TYPE_CHECKING:
-    from trident.server import Server
+    from trident.server import RequestHandle, Server
 
 log = logging.getLogger("trident.http")
 
 Headers = Sequence[tuple[bytes, bytes]]
 Parts = list[Any]  # bytes-like pieces of a body
 Body = bytes | bytearray | memoryview
-ReadBody = Callable[[], Awaitable[Body]]
-RunInfer = Callable[[InferenceRequest, bool], "InferenceResponse | None | Awaitable[InferenceResponse | None]"]
+#: an answer: its status, its headers (without content-length: the transport adds it) and body parts
+Reply = tuple[int, list[tuple[bytes, bytes]], Parts]
 
 #: what a request's headers ask for: Inference-Header-Content-Length, Content-Encoding,
 #: Accept-Encoding, and the client's W3C trace context (traceparent, tracestate)
@@ -41,51 +47,6 @@ HeaderInfo = tuple[int | None, str | None, str | None, TraceParent | None]
 JSON = (b"content-type", b"application/json")
 OCTET = (b"content-type", b"application/octet-stream")
 _HEADER_INFO_CACHE = 256  # header tuples whose scan an endpoint keeps
-
-
-LATER: Any = object()  # what ``run`` returns when the transport takes the response later itself (see Later)
-
-
-class Later:
-    """An infer request that waits in a queue, answered later by the transport itself (the
-    task that delivers the response calls back, :meth:`InferEndpoint.handle` returned this):
-    how its response is encoded. Used on the trio thread only."""
-
-    __slots__ = ("endpoint", "requested", "binary_default", "accept_encoding", "shm", "name", "version")
-
-    def __init__(self, endpoint: InferEndpoint, requested: list[Any], binary_default: bool,
-                 accept_encoding: str | None, shm: kserve.ShmOutputLookup | None, name: str, version: str) -> None:
-        self.endpoint = endpoint
-        self.requested = requested
-        self.binary_default = binary_default
-        self.accept_encoding = accept_encoding
-        self.shm = shm
-        self.name = name
-        self.version = version
-
-    def small(self, response: InferenceResponse) -> bool:
-        """Whether :meth:`reply` may encode ``response`` here and now (else :meth:`respond`)."""
-        return not kserve.response_is_large(response, self.requested, self.binary_default,
-                                            self.accept_encoding is not None)
-
-    def reply(self, response: InferenceResponse) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
-        """The reply for a small ``response`` (an error response's included); never raises."""
-        try:
-            if response.error is not None:
-                raise response.error
-            return _reply(response, self.requested, self.binary_default, self.accept_encoding, self.shm)
-        except Exception as exc:
-            return self.endpoint.error(exc, self.name, self.version)
-
-    async def respond(self, response: InferenceResponse) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
-        """The reply for any ``response``, a large encode in a worker thread; never raises but
-        Cancelled."""
-        try:
-            if response.error is not None:
-                raise response.error
-            return await _respond(response, self.requested, self.binary_default, self.accept_encoding, self.shm)
-        except Exception as exc:
-            return self.endpoint.error(exc, self.name, self.version)
 
 
 class Disconnected(Exception):
@@ -149,68 +110,7 @@ class InferEndpoint:
         if restriction is not None:
             raise HTTPError(403, HTTP_MESSAGE.format(restriction.header))
 
-    async def handle(self, headers: Headers, read_body: ReadBody | Body, run: RunInfer, name: str,
-                     version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts] | Later:
-        """Answer one infer request: ``(status, headers, body parts)``, never an exception.
-
-        ``read_body`` is the whole body, or a coroutine function that returns it (raising
-        ``too_large`` past the limit); ``run(request, heavy)`` runs it and returns its response,
-        None when the client went away meanwhile, or an awaitable of either (``heavy``: the
-        request was decoded off the loop, and it is freed off the loop too, so ``run`` should
-        return rather than let a cancellation through). A transport that has the body and a
-        response at hand passes them as values: the common request then costs no task switch
-        and no coroutine of its own. The headers returned lack ``content-length`` (the
-        transport adds it). The restricted-API check is the caller's (it precedes the method
-        check). ``run`` may also return LATER: the request is queued and the transport answers
-        it itself when the response comes; ``handle`` then returns a :class:`Later` that encodes
-        it. Raises Disconnected when the client went away (the transport sends nothing);
-        cancellation propagates. The lines logged while the request runs here name it
-        (trident.observability.logs.serving); a ``traceparent`` header becomes ``request.trace``.
-        """
-        token = None
-        try:
-            header_length, content_encoding, accept_encoding, context = self._scan_headers(headers)
-            body = read_body if isinstance(read_body, (bytes, bytearray, memoryview)) else await read_body()
-            if content_encoding is not None:
-                body = await offload.decompress(body, content_encoding, self.limit)
-            shm = self.shm.input_view
-            if header_length == 0:
-                request = _decode_raw(self.server, body, name, version)
-                binary_default = True
-            else:
-                try:
-                    if len(body) >= offload.OFFLOAD_THRESHOLD and kserve.is_heavy(
-                            body, header_length, offload.OFFLOAD_THRESHOLD):
-                        # a large JSON (or BYTES) decode: in a worker thread, not on the loop
-                        return await self._handle_heavy(headers, body, header_length, accept_encoding,
-                                                        run, name, version, context)
-                    request = kserve.decode_infer_request(body, header_length, name, version, shm)
-                except TritonError:
-                    self.server.repository.get(name, version)  # an unknown model answers 404, as Triton, not 400
-                    raise
-                params = request.parameters
-                binary_default = bool(params.pop("binary_data_output", False)) if params else False
-            del body
-            if context is not None:
-                request.trace = context
-            token = serving.set(serving_of(request))
-            output_view = self._prepare(headers, request)
-            response = run(request, False)
-            if response is LATER:
-                return Later(self, request.outputs, binary_default, accept_encoding, output_view, name, version)
-            if isinstance(response, InferenceResponse) and not kserve.response_is_large(
-                    response, request.outputs, binary_default, accept_encoding is not None):
-                return _reply(response, request.outputs, binary_default, accept_encoding, output_view)  # the usual case
-            return await _respond(response, request.outputs, binary_default, accept_encoding, output_view)
-        except Disconnected:
-            raise
-        except Exception as exc:
-            return self.error(exc, name, version)
-        finally:
-            if token is not None:
-                serving.reset(token)
-
-    def error(self, exc: Exception, name: str, version: str) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+    def error(self, exc: Exception, name: str, version: str) -> Reply:
         path = f"/v2/models/{name}/versions/{version}/infer" if version else f"/v2/models/{name}/infer"
         status, body = error_reply(exc, "POST", path)
         # a traceback's frames may hold a large decoded request: the caller drops them with exc
@@ -267,64 +167,117 @@ class InferEndpoint:
             self._header_info[id(headers)] = (headers, info)  # holds the tuple: its id stays unique
         return info
 
-    async def _handle_heavy(self, headers: Headers, body: Body, header_length: int | None,
-                            accept_encoding: str | None, run: RunInfer, name: str,
-                            version: str, context: TraceParent | None = None,
-                            ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
-        """:meth:`handle` for a body whose decode is long: decoded in a worker thread, and the
-        request (it holds millions of objects: JSON lists) freed in one too, once nothing else
-        (a traceback's frames) refers to it. Raises what the decode raises."""
-        request = await offload.run_sync(kserve.decode_infer_request, body, header_length, name, version,
-                                         self.shm.input_view)
+
+class InferExchange:
+    """Infer requests, one at a time: decoded, started on the server and answered (see the
+    module docstring). The fast path keeps one per connection (a request answered later takes
+    it along, and the connection makes a new one); the ASGI application makes one per request.
+    Used on the trio thread only.
+
+    Between :meth:`start` and :meth:`end` the lines logged in the calling task name the request
+    (:data:`trident.observability.logs.serving`), and :meth:`reply` / :meth:`respond` encode
+    the response as the request asked (its requested outputs, binary or JSON, compression,
+    outputs written to shared memory).
+    """
+
+    __slots__ = ("endpoint", "name", "version", "requested", "binary", "accept", "shm", "heavy", "_token")
+
+    def __init__(self, endpoint: InferEndpoint) -> None:
+        self.endpoint = endpoint
+        self.name = self.version = ""
+        self.requested: list[Any] = []
+        self.binary = False  # outputs as binary unless asked otherwise (binary_data_output, raw requests)
+        self.accept: str | None = None  # Accept-Encoding
+        self.shm: kserve.ShmOutputLookup | None = None  # writes the outputs asked for in shared memory
+        #: a request decoded off the loop (held here until :meth:`free` drops it off the loop too)
+        self.heavy: InferenceRequest | None = None
+        self._token: Any = None
+
+    async def start(self, headers: Headers, body: Body, name: str, version: str) -> RequestHandle:
+        """Decode ``body`` (inline, or in a worker thread when large: :attr:`heavy` then holds the
+        request) and start the request on the server: its handle. Raises TritonError (a bad
+        request: INVALID_ARG, an unknown model NOT_FOUND, what Server.start raises), HTTPError;
+        cancellation propagates (a decode in a thread is waited for). The caller calls
+        :meth:`end` whatever happens."""
+        endpoint = self.endpoint
+        header_length, content_encoding, accept_encoding, context = endpoint._scan_headers(headers)
+        self.name, self.version, self.accept = name, version, accept_encoding
+        if content_encoding is not None:
+            body = await offload.decompress(body, content_encoding, endpoint.limit)
+        shm = endpoint.shm.input_view
+        if header_length == 0:
+            request = _decode_raw(endpoint.server, body, name, version)
+            self.binary = True
+        else:
+            try:
+                if len(body) >= offload.OFFLOAD_THRESHOLD and kserve.is_heavy(
+                        body, header_length, offload.OFFLOAD_THRESHOLD):
+                    # a large JSON (or BYTES) decode: in a worker thread, not on the loop
+                    request = await offload.run_sync(kserve.decode_infer_request, body, header_length, name,
+                                                     version, shm)
+                    self.heavy = request
+                else:
+                    request = kserve.decode_infer_request(body, header_length, name, version, shm)
+            except TritonError:
+                endpoint.server.model_config(name, version)  # an unknown model answers 404, as Triton, not 400
+                raise
+            params = request.parameters
+            self.binary = bool(params.pop("binary_data_output", False)) if params else False
         del body
-        params = request.parameters
-        binary_default = bool(params.pop("binary_data_output", False)) if params else False
         if context is not None:
             request.trace = context
-        error: Exception | None = None
-        reply = None
-        token = serving.set(serving_of(request))
-        try:
-            output_view = self._prepare(headers, request)
-            reply = await _respond(run(request, True), request.outputs, binary_default, accept_encoding, output_view)
-        except Exception as exc:
-            error = exc.with_traceback(None)
-        finally:
+        self._token = serving.set(serving_of(request))
+        self.requested = request.outputs
+        self.shm = endpoint._prepare(headers, request)
+        return endpoint.server.start(request)
+
+    def end(self) -> None:
+        """The request is answered (or given up): the lines logged in the task no longer name it."""
+        token, self._token = self._token, None
+        if token is not None:
             serving.reset(token)
-        holder = [request]
-        del request
-        await offload.run_sync(holder.clear)
-        if error is not None:
-            raise error
-        assert reply is not None
-        return reply
+
+    async def free(self) -> None:
+        """Drop a request decoded off the loop, off the loop too (it may hold millions of objects:
+        JSON lists, BYTES elements), once nothing else refers to it. Cancellation waits for it."""
+        holder = [self.heavy]
+        self.heavy = None
+        with trio.CancelScope(shield=True):
+            await offload.run_sync(holder.clear)
+
+    def reply(self, response: InferenceResponse) -> Reply | None:
+        """The answer for ``response`` (an error response's included), encoded here and now;
+        None when the encode is large (JSON, shared-memory copies, compression): :meth:`respond`
+        then makes it off the loop. Never raises."""
+        try:
+            if response.error is not None:
+                raise response.error
+            if kserve.response_is_large(response, self.requested, self.binary, self.accept is not None):
+                return None
+            return _framed(*encode_response(response, self.requested, self.binary, self.accept, self.shm))
+        except Exception as exc:
+            return self.error(exc)
+
+    async def respond(self, response: InferenceResponse) -> Reply:
+        """The answer for any ``response``, a large encode in a worker thread; never raises but
+        Cancelled."""
+        reply = self.reply(response)
+        if reply is not None:
+            return reply
+        try:
+            if response.error is not None:
+                raise response.error
+            return _framed(*await offload.run_sync(encode_response, response, self.requested, self.binary,
+                                                   self.accept, self.shm))
+        except Exception as exc:
+            return self.error(exc)
+
+    def error(self, exc: Exception) -> Reply:
+        """The answer for ``exc`` raised while handling the request (see :func:`error_reply`)."""
+        return self.endpoint.error(exc, self.name, self.version)
 
 
-def _reply(response: InferenceResponse, requested: list[Any], binary_default: bool,
-           accept_encoding: str | None, shm: kserve.ShmOutputLookup | None = None,
-           ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
-    """The 200 reply for ``response``, encoded here and now (a small one: see :func:`_respond`)."""
-    return _framed(*encode_response(response, requested, binary_default, accept_encoding, shm))
-
-
-async def _respond(response: InferenceResponse | None | Awaitable[InferenceResponse | None], requested: list[Any],
-                   binary_default: bool, accept_encoding: str | None, shm: kserve.ShmOutputLookup | None = None,
-                   ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
-    """:func:`_reply` for what ``run`` returned (awaited when it is an awaitable), with a large
-    encode (JSON, shared-memory copies, compression) in a worker thread. Raises Disconnected
-    when the client went away."""
-    if not isinstance(response, InferenceResponse) and response is not None:
-        response = await response
-    if response is None:
-        raise Disconnected
-    if not kserve.response_is_large(response, requested, binary_default, accept_encoding is not None):
-        return _reply(response, requested, binary_default, accept_encoding, shm)
-    return _framed(*await offload.run_sync(encode_response, response, requested, binary_default,
-                                           accept_encoding, shm))
-
-
-def _framed(parts: Parts, json_length: int | None, encoding: str | None,
-            ) -> tuple[int, list[tuple[bytes, bytes]], Parts]:
+def _framed(parts: Parts, json_length: int | None, encoding: str | None) -> Reply:
     headers = [JSON] if json_length is None else [OCTET, (b"inference-header-content-length", b"%d" % json_length)]
     if encoding is not None:
         headers.append((b"content-encoding", encoding.encode()))

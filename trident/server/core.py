@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Protocol, overload
+from typing import Any, Protocol
 
 import trio
 
@@ -23,7 +23,8 @@ from trident.observability.trace import TraceSettings
 from trident.observability.tracing import Tracer, parse_trace_config
 from trident.options import ServerOptions
 from trident.protocol.generated.inference import ModelConfig
-from trident.server.execution import Completion, InFlight, abandon_running_calls
+from trident.server.execution import InFlight, abandon_running_calls
+from trident.server.handle import RequestHandle
 from trident.server.model import ModelVersion
 from trident.server.repository import ModelRepository
 from trident.server.shared_memory import SharedMemory
@@ -259,80 +260,68 @@ class Server:
     def _release(self) -> None:
         self._inflight.leave()
 
+    def start(self, request: InferenceRequest, *, endpoint: str = "HTTP end point") -> RequestHandle:
+        """Start a request that must give exactly one response: its
+        :class:`~trident.server.handle.RequestHandle`, whatever the model (see that module for
+        what a handle is and how to finish one).
+
+        Without a task switch where it can be: a request that ran here and now (an idle
+        instance run inline, nothing in the way) comes back answered (``handle.response``);
+        a queued one is completed by the task that delivers its response (``handle.on_final``,
+        or ``await handle.wait()``); anything else runs in the task that awaits
+        ``handle.wait()``. A handle not answered holds the server's admission until it is
+        over: the caller awaits it in the task that owns the request, or cancels it.
+
+        Raises TritonError here: NOT_FOUND / UNAVAILABLE for the model, INVALID_ARG for the
+        request, UNSUPPORTED (naming ``endpoint``) for decoupled models, UNAVAILABLE when the
+        server is stopping or the queue is full, and the model's error for a request answered
+        at once; ``handle.wait()`` raises the others. Cancellation: cancelling the task that
+        awaits the handle (or ``handle.cancel()``) cancels the request (dropped if still queued).
+        """
+        if log.isEnabledFor(VERBOSE):  # the logged way: in the awaiting task
+            return RequestHandle(lambda handle, send: self._logged_infer(request, endpoint, send))
+        return self._start(request, endpoint)
+
+    def _start(self, request: InferenceRequest, endpoint: str) -> RequestHandle:
+        """:meth:`start` without its logging."""
+        mv = self.repository.get(request.model_name, request.model_version)
+        if mv.decoupled:
+            raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
+        self._admit()
+        try:
+            handle = mv.start(request)
+        except BaseException:
+            self._release()
+            raise
+        if handle.response is not None:
+            self._release()
+        else:
+            handle.on_close(self._release)
+        return handle
+
     async def infer(self, request: InferenceRequest, *, endpoint: str = "HTTP end point") -> InferenceResponse:
-        """Run a request that must give exactly one response.
+        """Run a request that must give exactly one response: :meth:`start`, awaited.
 
         Raises TritonError: NOT_FOUND / UNAVAILABLE for the model, INVALID_ARG for the
         request, UNSUPPORTED for decoupled models, the model's error for a failed execution.
         Cancellation: cancelling the caller cancels the request (dropped if still queued).
         """
         await trio.lowlevel.checkpoint_if_cancelled()  # a caller already cancelled runs nothing
-        result = self.infer_now(request, endpoint=endpoint)
-        if isinstance(result, InferenceResponse):
-            return result
-        return await result
+        return await self.start(request, endpoint=endpoint).wait()
 
-    @overload
-    def infer_now(self, request: InferenceRequest, *, endpoint: str = ...,
-                  on_done: None = None) -> InferenceResponse | Awaitable[InferenceResponse]: ...
-
-    @overload
-    def infer_now(self, request: InferenceRequest, *, endpoint: str = ...,
-                  on_done: Callable[[InferenceResponse], None]) -> InferenceResponse | Completion | Awaitable[InferenceResponse]: ...
-
-    def infer_now(self, request: InferenceRequest, *, endpoint: str = "HTTP end point",
-                  on_done: Callable[[InferenceResponse], None] | None = None,
-                  ) -> InferenceResponse | Completion | Awaitable[InferenceResponse]:
+    def infer_now(self, request: InferenceRequest, *,
+                  endpoint: str = "HTTP end point") -> InferenceResponse | Awaitable[InferenceResponse]:
         """:meth:`infer` without a task switch where it can be: the response when the request
-        ran here and now (ModelVersion.infer_now: an idle instance run inline, nothing in the
-        way), else an awaitable that finishes it, which the caller must await in the task that
-        owns the request (cancelling that task cancels the request; the awaitable holds the
-        server's admission and may hold an instance, so it is never to be dropped).
+        ran here and now, else an awaitable that finishes it, to be awaited in the task that
+        owns the request (it holds the server's admission: never drop it). :meth:`start` says
+        the same with a handle. Raises, here or from the awaitable, what :meth:`infer` raises."""
+        handle = self.start(request, endpoint=endpoint)
+        response = handle.response
+        return response if response is not None else handle.wait()
 
-        With ``on_done``, a request that waits in a queue may instead be answered through it: a
-        :class:`~trident.server.execution.Completion` is returned, ``on_done(response)`` gets
-        the final response (an error response included) from the task that delivers it, and
-        the caller calls ``completion.cancel()`` if it gives up (see ModelVersion.infer_now).
-
-        Raises, here or from the awaitable, what :meth:`infer` raises.
-        """
-        if log.isEnabledFor(VERBOSE):
-            return self._logged(self._infer(request, endpoint), request)
-        return self._start(request, endpoint, on_done)
-
-    def _start(self, request: InferenceRequest, endpoint: str,
-               on_done: Callable[[InferenceResponse], None] | None = None,
-               ) -> InferenceResponse | Completion | Awaitable[InferenceResponse]:
-        """:meth:`infer_now` without its logging."""
-        mv = self.repository.get(request.model_name, request.model_version)
-        if mv.decoupled:
-            raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
-        self._admit()
-        try:
-            result = mv.infer_now(request, on_done)
-        except BaseException:
-            self._release()
-            raise
-        if isinstance(result, InferenceResponse):
-            self._release()
-            return result
-        if isinstance(result, Completion):
-            result.on_close(self._release)
-            return result
-        return self._finish(result)
-
-    async def _finish(self, result: Awaitable[InferenceResponse]) -> InferenceResponse:
-        try:
-            return await result
-        finally:
-            self._release()
-
-    async def _infer(self, request: InferenceRequest, endpoint: str) -> InferenceResponse:
-        result = self._start(request, endpoint)
-        if isinstance(result, InferenceResponse):
-            return result
-        assert not isinstance(result, Completion)  # only with on_done
-        return await result
+    async def _logged_infer(self, request: InferenceRequest, endpoint: str, send: SendResponse) -> None:
+        """:meth:`start`'s request, logged (--log-verbose >= 1), its response to ``send``."""
+        await send(await self._logged(self._start(request, endpoint).wait(), request))
 
     async def _logged(self, call: Awaitable[Any], request: InferenceRequest) -> Any:
         """``await call``, logging the request's id, model and outcome (--log-verbose >= 1)."""
@@ -351,8 +340,30 @@ class Server:
         log.log(VERBOSE, "infer request %s to %s: OK", rid, what, extra={"verbose": 1})
         return result
 
+    def start_stream(self, request: InferenceRequest, *, forwarded: bool = False) -> RequestHandle:
+        """Start a request of any model (decoupled included): its handle, whose
+        ``await handle.stream(send)`` sends each response, the last one final (the task that
+        awaits it runs the request). ``forwarded``: a request another worker of ``--workers``
+        forwarded here, served here whatever its route says.
+
+        Raises TritonError here: NOT_FOUND / UNAVAILABLE for the model, INVALID_ARG for the
+        request, UNAVAILABLE when the server is stopping; ``stream`` raises the errors before
+        the first response (later errors arrive as responses with ``error`` set).
+        Cancellation: cancelling the task in ``stream`` cancels the request.
+        """
+        mv = self.repository.get(request.model_name, request.model_version)
+        self._admit()
+        try:
+            handle = mv.start_stream(request, here=forwarded)
+        except BaseException:
+            self._release()
+            raise
+        handle.on_close(self._release)
+        return handle
+
     async def infer_stream(self, request: InferenceRequest, send: SendResponse) -> None:
-        """Run a request and ``await send(response)`` for each of its responses (last is final).
+        """Run a request and ``await send(response)`` for each of its responses (last is final):
+        :meth:`start_stream`, streamed.
 
         Raises TritonError for errors before the first response; later errors arrive as
         responses with ``error`` set. Cancellation: as :meth:`infer`.
@@ -360,25 +371,15 @@ class Server:
         if log.isEnabledFor(VERBOSE):
             await self._logged(self._infer_stream(request, send), request)
         else:
-            await self._infer_stream(request, send)
+            await self.start_stream(request).stream(send)
 
     async def _infer_stream(self, request: InferenceRequest, send: SendResponse) -> None:
-        mv = self.repository.get(request.model_name, request.model_version)
-        self._admit()
-        try:
-            await mv.infer_stream(request, send)
-        finally:
-            self._release()
+        await self.start_stream(request).stream(send)
 
     async def infer_forwarded(self, request: InferenceRequest, send: SendResponse) -> None:
         """Serve a request another worker of ``--workers`` forwarded to this one, here (its
         responses through ``send``; decoupled models too). Raises as :meth:`infer_stream`."""
-        mv = self.repository.get(request.model_name, request.model_version)
-        self._admit()
-        try:
-            await mv.infer_here(request, send)
-        finally:
-            self._release()
+        await self.start_stream(request, forwarded=True).stream(send)
 
     async def load_models(self) -> None:
         """Load what the control mode asks for at start-up (and start polling in poll mode);

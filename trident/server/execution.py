@@ -1,9 +1,9 @@
 """Running a batch on an instance and delivering each request's responses.
 
-:class:`Pending` is a queued request with the channel its responses travel through.
-:class:`Responder` is the thread-safe sink a decoupled model sends 0..N responses into (from
-any thread); a regular model's list of responses goes through the same channel, so unary,
-decoupled and streaming calls share one path. :class:`BatchExecutor` runs one batch in the
+:class:`Pending` is a queued request with the handle its responses travel through
+(:class:`~trident.server.handle.RequestHandle`). :class:`Responder` is the thread-safe sink a
+decoupled model sends 0..N responses into (from any thread); a regular model's list of
+responses goes through the same handle, so unary, decoupled and streaming calls share one path. :class:`BatchExecutor` runs one batch in the
 instance's worker thread (or inline on the event loop when the instance's calls are short:
 :class:`InlineChoice`), post-processes outputs (requested outputs, classification, BF16
 labels) and records statistics.
@@ -17,7 +17,6 @@ import queue
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,6 +29,7 @@ from trident.batching import rounds
 from trident.batching.outputs import finish_outputs
 from trident.config import INLINE_MODES, INLINE_PARAMETER
 from trident.errors import Code, TritonError, internal
+from trident.server.handle import RequestHandle
 from trident.types import InferenceRequest, InferenceResponse, TensorSpec
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class Responder:
     sent = 0
     undelivered = 0
 
-    def __init__(self, channel: Mailbox | Completion, token: trio.lowlevel.TrioToken,
+    def __init__(self, channel: RequestHandle, token: trio.lowlevel.TrioToken,
                  request: InferenceRequest,
                  finish: Callable[[InferenceRequest, InferenceResponse], InferenceResponse]) -> None:
         self._channel = channel
@@ -139,172 +139,6 @@ class Responder:
             self.undelivered += 1  # the client went away: nothing is waiting for this response
 
 
-class Mailbox:
-    """One request's responses on their way to its one consumer: the part of an unbounded trio
-    memory channel a request needs, for a fraction of its cost per request (no channel state,
-    statistics or second object). Used on the trio thread only (responders from other threads
-    hop to it first).
-
-    ``send_nowait`` raises trio.BrokenResourceError once the consumer closed the mailbox (left
-    its ``async with``); ``receive`` waits for the next response (cancellable: the response, if
-    any arrives later, stays queued), ``receive_nowait`` raises trio.WouldBlock when none is
-    queued; ``async for`` iterates until the consumer breaks.
-    """
-
-    __slots__ = ("_items", "_waiter", "_closed")
-
-    def __init__(self) -> None:
-        self._items: deque[InferenceResponse] = deque()
-        self._waiter: trio.lowlevel.Task | None = None
-        self._closed = False
-
-    def send_nowait(self, response: InferenceResponse) -> None:
-        if self._closed:
-            raise trio.BrokenResourceError("the request's consumer is gone")
-        self._items.append(response)
-        if self._waiter is not None:
-            waiter, self._waiter = self._waiter, None
-            trio.lowlevel.reschedule(waiter)
-
-    def receive_nowait(self) -> InferenceResponse:
-        if self._items:
-            return self._items.popleft()
-        raise trio.WouldBlock
-
-    async def receive(self) -> InferenceResponse:
-        if self._items:
-            await trio.lowlevel.checkpoint()
-            return self._items.popleft()
-        if self._waiter is not None:
-            raise trio.BusyResourceError("another task is already receiving")
-        self._waiter = trio.lowlevel.current_task()
-
-        def abort(_: Any) -> trio.lowlevel.Abort:
-            self._waiter = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
-        return self._items.popleft()
-
-    def __aiter__(self) -> Mailbox:
-        return self
-
-    async def __anext__(self) -> InferenceResponse:
-        return await self.receive()
-
-    async def __aenter__(self) -> Mailbox:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """The consumer is done: later sends raise trio.BrokenResourceError."""
-        self._closed = True
-        self._items.clear()
-
-
-class Completion:
-    """A queued request's mailbox that hands its final response to a callback instead of a
-    waiting task (ModelVersion.infer_now with ``on_done``): the request needs no task of its
-    own while it waits, and the task that delivers its response (the instance's worker) runs
-    the callback in passing. Used on the trio thread only, as :class:`Mailbox`.
-
-    ``on_final(response)`` runs once, with the final response (an error response included);
-    responses before it are dropped (a unary caller keeps only the last). ``cancel()`` (the
-    caller is gone) runs ``on_cancel`` instead, if it comes first. Either way the completion
-    is then closed (later sends raise trio.BrokenResourceError, as a closed Mailbox's), and
-    the ``on_close`` callbacks run once, before ``on_final`` or ``on_cancel``. Exceptions
-    raised by the callbacks are logged, never raised into the deliverer (a model's worker).
-    """
-
-    __slots__ = ("_on_final", "_on_cancel", "_on_close", "_closed")
-
-    def __init__(self, on_final: Callable[[InferenceResponse], None], on_cancel: Callable[[], None]) -> None:
-        self._on_final = on_final
-        self._on_cancel = on_cancel
-        self._on_close: list[Callable[[], None]] = []
-        self._closed = False
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def on_close(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` when the request ends (answered or cancelled), before any callback of
-        its answer: what the request holds (admission, the in-flight count) is given back."""
-        self._on_close.append(fn)
-
-    def send_nowait(self, response: InferenceResponse) -> None:
-        if self._closed:
-            raise trio.BrokenResourceError("the request's consumer is gone")
-        if not response.final:
-            return
-        self._end(self._on_final, response)
-
-    def cancel(self) -> None:
-        """The caller is gone: the request is cancelled (dropped if still queued, its result
-        discarded if running) and its answer, if any comes, is discarded. Idempotent."""
-        if not self._closed:
-            self._end(self._on_cancel)
-
-    def _end(self, fn: Callable[..., None], *args: Any) -> None:
-        self._closed = True
-        try:
-            for close in self._on_close:
-                close()
-            fn(*args)
-        except Exception:  # a bug: the deliverer (a model's worker) must go on
-            log.exception("completing a request failed")
-        finally:
-            # the callbacks hold the request and its caller, which hold this: no cycle is left
-            # for the garbage collector (a request's objects are freed as soon as it is done)
-            self._on_close.clear()
-            self._on_final = self._on_cancel = _ignore
-
-
-class Answer:
-    """One task waiting for the final response of a request queued with a callback
-    (ModelVersion.infer_now's ``on_done``): ``done`` is that callback, ``await wait(completion)``
-    returns the response. Cheaper than the task waiting inside the model (no response loop,
-    no mailbox): one sleep and one wake-up. Used on the trio thread only."""
-
-    __slots__ = ("response", "_task")
-
-    def __init__(self) -> None:
-        self.response: InferenceResponse | None = None
-        self._task: trio.lowlevel.Task | None = None
-
-    def done(self, response: InferenceResponse) -> None:
-        self.response = response
-        if self._task is not None:
-            task, self._task = self._task, None
-            trio.lowlevel.reschedule(task)
-
-    async def wait(self, completion: Completion) -> InferenceResponse:
-        """The final response (an error response included), handed over: the Answer is empty
-        again, ready for the next request, and keeps nothing alive meanwhile. Cancellation
-        cancels the request (``completion.cancel()``)."""
-        if self.response is None:
-            self._task = trio.lowlevel.current_task()
-
-            def abort(_: Any) -> trio.lowlevel.Abort:
-                self._task = None
-                completion.cancel()
-                return trio.lowlevel.Abort.SUCCEEDED
-
-            await trio.lowlevel.wait_task_rescheduled(abort)
-        else:
-            await trio.lowlevel.checkpoint()
-        response, self.response = self.response, None
-        assert response is not None
-        return response
-
-
-def _ignore(*args: Any) -> None:
-    """What a closed Completion's callbacks become (their references dropped); never called."""
-
-
 class InFlight:
     """Work in progress on the trio thread: a count, and ``idle``, an event set whenever the count
     is zero (a drain awaits ``idle.wait()``, reading the attribute when it starts waiting).
@@ -341,25 +175,18 @@ class InFlight:
 
 
 class Pending:
-    """A queued request: what the scheduler sees and the mailbox its responses travel through
-    (``send`` and ``receive`` are the same :class:`Mailbox`, or ``send`` is a
-    :class:`Completion`)."""
+    """A queued request: what the scheduler sees, and the handle its responses travel through
+    (``send`` and ``receive`` are that :class:`~trident.server.handle.RequestHandle`)."""
 
     __slots__ = ("request", "batch_size", "send", "receive", "enqueued_ns", "exec_ns", "responder", "turn")
 
     def __init__(self, request: InferenceRequest, batch_size: int,
                  finish: Callable[[InferenceRequest, InferenceResponse], InferenceResponse],
-                 completion: Completion | None = None) -> None:
+                 handle: RequestHandle | None = None) -> None:
         self.request = request
         self.batch_size = batch_size
-        #: where responses go; ``receive`` is where its consumer takes them (None: a completion's
-        #: callback gets the final one)
-        self.send: Mailbox | Completion
-        self.receive: Mailbox | None
-        if completion is None:
-            self.send = self.receive = Mailbox()
-        else:
-            self.send, self.receive = completion, None
+        #: where responses go, and where its consumer takes them
+        self.send = self.receive = handle if handle is not None else RequestHandle()
         self.enqueued_ns = time.monotonic_ns()
         #: (batch start, model call start, model call end, response sent) in monotonic ns
         self.exec_ns: tuple[int, int, int, int] | None = None

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import trio
 
@@ -44,7 +44,8 @@ from trident.errors import Code, TritonError, internal, unavailable
 from trident.observability.model_metrics import observer_for
 from trident.observability.stats import BACKEND, CANCELED, OTHER, REJECTED, StatsRecorder
 from trident.protocol.generated.inference import ModelConfig
-from trident.server.execution import BatchExecutor, Completion, InFlight, Pending
+from trident.server.execution import BatchExecutor, InFlight, Pending
+from trident.server.handle import RequestHandle
 from trident.server.worker_threads import open_thread_nursery
 from trident.types import InferenceRequest, InferenceResponse
 
@@ -324,121 +325,107 @@ class ModelVersion:
             return False
         return self.state == "READY"
 
-    @overload
-    def infer_now(self, request: InferenceRequest,
-                  on_done: None = None) -> InferenceResponse | Awaitable[InferenceResponse]: ...
-
-    @overload
-    def infer_now(self, request: InferenceRequest, on_done: Callable[[InferenceResponse], None],
-                  ) -> InferenceResponse | Completion | Awaitable[InferenceResponse]: ...
-
-    def infer_now(self, request: InferenceRequest, on_done: Callable[[InferenceResponse], None] | None = None,
-                  ) -> InferenceResponse | Completion | Awaitable[InferenceResponse]:
-        """Start ``request`` of a model that answers once: its response when it ran here and now,
-        else an awaitable that finishes it.
+    def start(self, request: InferenceRequest) -> RequestHandle:
+        """Start ``request`` of a model that answers once (:meth:`trident.server.Server.start`):
+        its :class:`~trident.server.handle.RequestHandle`.
 
         The common case, an idle instance whose calls run inline with no batching, response
         cache, trace or ensemble in the way, executes here, synchronously: no response loop,
-        no task switch, not even a checkpoint. Everything else goes the way of
-        :meth:`infer_stream` in the awaitable returned, which the caller must await in the
-        task that owns the request (it may hold an instance: it is never to be dropped).
-        Raises (here or from the awaitable) what infer_stream raises, and the error of an error
-        response. Cancellation of the awaiting task: as infer_stream.
+        no task switch, not even a checkpoint, and the handle comes back answered. A request
+        that must wait in the queue of a scheduler that delivers at once (nothing in the way
+        but the queue) is queued here, and the handle is completed by the task that delivers
+        its response. Anything else (an ensemble, the response cache, a trace, a call on the
+        instance's thread, a model that answers later through its response sender, another
+        worker of ``--workers``: :attr:`route`) is a driven handle, run by the task that awaits it.
 
-        With ``on_done``, a request that must wait in the queue of a scheduler that delivers at
-        once (the plain case: nothing in the way but the queue) is queued here and a
-        :class:`Completion` returned instead of an awaitable: no task waits for it;
-        ``on_done(response)`` runs with its final response, an error response included, in the
-        task that delivers it (it must not block and should not raise). The caller calls
-        ``completion.cancel()`` when it no longer wants the answer (that cancels the request).
-        Queueing raises here what infer_stream raises for it (UNAVAILABLE, queue full).
+        Raises TritonError here: UNAVAILABLE when the version is not serving or the queue is
+        full, INVALID_ARG for a bad request, and the error of a request answered at once. The
+        handle's ``wait()`` raises the others. Cancellation: as :meth:`infer_stream`.
         """
         batch_size = self._admit(request)
         if self.route is not None:
             peer = self.route(request)
             if peer is not None:
-                return peer.infer(request)
+                return RequestHandle(lambda handle, send: self._from_peer(peer, request, send))
         trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
         if self.ensemble is not None or trace is not None or self.cache is not None:
-            return self._collect(request, batch_size, trace)
-        slot = self.scheduler.claim()
+            return RequestHandle(lambda handle, send: self._drive(handle, send, request, batch_size, trace))
+        scheduler = self.scheduler
+        slot = scheduler.claim()
         if slot is None:
-            if on_done is not None and request.response_window == 0 and self.scheduler.delivers_at_once():
-                return self._enqueue(request, batch_size, on_done)
-            return self._collect(request, batch_size, None)
+            if request.response_window == 0 and scheduler.delivers_at_once():
+                return self._enqueue(request, batch_size)
+            return RequestHandle(lambda handle, send: self._respond(handle, send, request, batch_size, None))
         executor = self.executor
-        pending = Pending(request, batch_size, executor.finish)
         choice = executor.inline_choice(slot.instance)
-        if request.cancelled or choice is None:
-            return self._collect(request, batch_size, None, pending, slot)
+        if request.cancelled or choice is None:  # on the instance's thread: in the awaiting task
+            scheduler.release(slot)
+            return RequestHandle(lambda handle, send: self._respond(handle, send, request, batch_size, None))
+        handle = RequestHandle()
+        pending = Pending(request, batch_size, executor.finish, handle)
         try:
             response = executor.run_one_inline(slot.instance, choice, pending)
         finally:
-            self.scheduler.release(slot)
-        mailbox = pending.receive
-        assert mailbox is not None  # made with a Mailbox
+            scheduler.release(slot)
         if response is None:  # the model answered through its response sender
             try:
-                response = mailbox.receive_nowait()
-            except trio.WouldBlock:  # the model answers later
-                return self._await_response(pending)
-        mailbox.close()
+                response = handle.receive_nowait()
+            except trio.WouldBlock:  # the model answers later: the awaiting task waits for it
+                handle._drive = lambda handle, send: self._await_response(pending, send)
+                return handle
         request.responder = None  # no request <-> responder cycle
-        return self._answered(pending, response)
+        handle.answer(self._answered(pending, response))
+        return handle
 
-    def _enqueue(self, request: InferenceRequest, batch_size: int,
-                 on_done: Callable[[InferenceResponse], None]) -> Completion:
-        """Queue a request answered through ``on_done`` (see :meth:`infer_now`): what
-        :meth:`_respond` does for a queued request, without a task waiting in it."""
+    def _enqueue(self, request: InferenceRequest, batch_size: int) -> RequestHandle:
+        """Queue a request whose handle the task that delivers its response completes (see
+        :meth:`start`): what :meth:`_respond` does for a queued request, without a task waiting
+        in it. Raises TritonError as the scheduler's ``enqueue``."""
         pending: Pending
 
-        def final(response: InferenceResponse) -> None:
+        def final(response: InferenceResponse | None) -> None:
+            request.responder = None  # no request <-> responder cycle
+            self.inflight.leave()
+            if response is None:  # cancelled: the queue drops it; a running execution's result is discarded
+                request.cancel()
+                self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
+                return
             if response.error is None and self.latency is not None:
                 self.latency.first_response(time.monotonic_ns() - request.arrival_ns)
             self._record(pending, response.error)
-            on_done(response)
 
-        def cancelled() -> None:
-            request.cancel()  # the queue drops it; a running execution's result is discarded
-            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
-
-        def close() -> None:
-            request.responder = None  # no request <-> responder cycle
-            self.inflight.leave()
-
-        completion = Completion(final, cancelled)
-        pending = Pending(request, batch_size, self.executor.finish, completion)
+        handle = RequestHandle(final=final)
+        pending = Pending(request, batch_size, self.executor.finish, handle)
         self.inflight.enter()
-        completion.on_close(close)
         try:
             self.scheduler.enqueue(pending)
         except TritonError:
-            close()
+            request.responder = None
+            self.inflight.leave()
             self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=REJECTED)
             raise
-        return completion
+        return handle
 
-    async def _await_response(self, pending: Pending) -> InferenceResponse:
+    async def _await_response(self, pending: Pending, send: SendResponse) -> None:
         """The response of a request that ran inline and answers later, through its response
         sender. Cancellation cancels the request."""
         request = pending.request
-        mailbox = pending.receive
-        assert mailbox is not None  # made with a Mailbox
+        handle = pending.receive
         self.inflight.enter()
         try:
-            response = await mailbox.receive()
+            response = await handle.receive()
         except trio.Cancelled:
             request.cancel()
             self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
             raise
         finally:
             self.inflight.leave()
-            mailbox.close()
+            handle.close()
             request.responder = None
-        return self._answered(pending, response)
+        await send(self._answered(pending, response))
 
     def _answered(self, pending: Pending, response: InferenceResponse) -> InferenceResponse:
-        """Record the one response of a request run by :meth:`infer_now`; raises its error."""
+        """Record the one response of a request run by :meth:`start`; raises its error."""
         self._record(pending, response.error)
         if response.error is not None:
             raise response.error
@@ -446,22 +433,27 @@ class ModelVersion:
             self.latency.first_response(time.monotonic_ns() - pending.request.arrival_ns)
         return response
 
-    async def _collect(self, request: InferenceRequest, batch_size: int, trace: Any,
-                       pending: Pending | None = None, slot: Any = None) -> InferenceResponse:
-        """:meth:`infer_now` the way of infer_stream (:meth:`_respond`): its one response."""
-        result: list[InferenceResponse] = []
+    async def _from_peer(self, peer: Any, request: InferenceRequest, send: SendResponse) -> None:
+        """A request of a model that answers once, served by another worker (:attr:`route`)."""
+        await send(await peer.infer(request))
 
-        async def keep(response: InferenceResponse) -> None:
-            result.append(response)
+    def start_stream(self, request: InferenceRequest, *, here: bool = False) -> RequestHandle:
+        """Start ``request`` of any model (decoupled included): a driven handle whose
+        ``stream(send)`` sends each response, the last one final; ``here``: in this process
+        whatever :attr:`route` says (a request another worker forwarded here).
 
-        if self.ensemble is not None:
-            await self._infer_ensemble(self.ensemble, request, keep, batch_size, trace)
-        else:
-            await self._respond(request, keep, batch_size, trace, pending, slot)
-        response = result[-1]
-        if response.error is not None:
-            raise response.error
-        return response
+        Raises TritonError here: INVALID_ARG for a bad request, UNAVAILABLE when the version is
+        not serving; ``stream`` raises UNAVAILABLE when the queue is full or the queue timeout
+        expires. Cancellation: cancelling the task in ``stream`` cancels the request; a queued
+        request is dropped, a running one has its result discarded.
+        """
+        batch_size = self._admit(request)
+        if self.route is not None and not here:
+            peer = self.route(request)
+            if peer is not None:
+                return RequestHandle(lambda handle, send: peer.stream(request, send))
+        trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
+        return RequestHandle(lambda handle, send: self._drive(handle, send, request, batch_size, trace))
 
     async def infer_stream(self, request: InferenceRequest, send: SendResponse) -> None:
         """Run ``request`` and ``await send(response)`` for each response (the last is final).
@@ -471,25 +463,12 @@ class ModelVersion:
         cancelling the caller cancels the request; a queued request is dropped, a running
         one has its result discarded.
         """
-        batch_size = self._admit(request)
-        if self.route is not None:
-            peer = self.route(request)
-            if peer is not None:
-                await peer.stream(request, send)
-                return
-        await self._infer_here(request, send, batch_size)
+        await self.start_stream(request).stream(send)
 
     async def infer_here(self, request: InferenceRequest, send: SendResponse) -> None:
         """:meth:`infer_stream` in this process whatever :attr:`route` says (a request another
         worker forwarded here). Raises and cancels as infer_stream."""
-        await self._infer_here(request, send, self._admit(request))
-
-    async def _infer_here(self, request: InferenceRequest, send: SendResponse, batch_size: int) -> None:
-        trace = self._tracer.sample(self.name, self.version, request) if self._tracer is not None else None
-        if self.ensemble is not None:
-            await self._infer_ensemble(self.ensemble, request, send, batch_size, trace)
-            return
-        await self._respond(request, send, batch_size, trace)
+        await self.start_stream(request, here=True).stream(send)
 
     def _admit(self, request: InferenceRequest) -> int:
         """The request's batch size, once it may run. Raises TritonError: UNAVAILABLE when the
@@ -498,12 +477,20 @@ class ModelVersion:
             raise unavailable(f"model '{self.name}' version {self.version} is not ready (state {self.state})")
         return self.validate(request)
 
-    async def _respond(self, request: InferenceRequest, send: SendResponse, batch_size: int, trace: Any,
-                   pending: Pending | None = None, slot: Any = None) -> None:
-        """infer_stream past admission for a model that is not an ensemble (``pending`` and
-        ``slot``: the caller already made the request's entry and claimed an instance)."""
-        if pending is None:
-            pending = Pending(request, batch_size, self.executor.finish)
+    async def _drive(self, handle: RequestHandle, send: SendResponse, request: InferenceRequest, batch_size: int,
+                     trace: Any) -> None:
+        """A driven request of this version (its responses through ``handle``, to ``send``)."""
+        if self.ensemble is not None:
+            await self._infer_ensemble(self.ensemble, request, send, batch_size, trace)
+        else:
+            await self._respond(handle, send, request, batch_size, trace)
+
+    async def _respond(self, handle: RequestHandle, send: SendResponse, request: InferenceRequest,
+                       batch_size: int, trace: Any) -> None:
+        """A driven request of a model that is not an ensemble: the response cache, then an
+        idle instance here and now or the queue, then its responses as they come, in order
+        (``preserve_ordering``), each handed to ``send``."""
+        pending = Pending(request, batch_size, self.executor.finish, handle)
         last: InferenceResponse | None = None
         self.inflight.enter()
         try:
@@ -518,9 +505,8 @@ class ModelVersion:
                     return
             # an idle instance and nothing queued: run it here and now (not a decoupled model:
             # its responses must be consumed while it executes)
-            if slot is None:
-                await trio.lowlevel.checkpoint_if_cancelled()  # a caller already cancelled runs nothing
-                slot = None if self.decoupled else self.scheduler.claim()
+            await trio.lowlevel.checkpoint_if_cancelled()  # a caller already cancelled runs nothing
+            slot = None if self.decoupled else self.scheduler.claim()
             if slot is not None:
                 try:
                     await self.executor(slot.instance, [pending], direct=True)
@@ -534,17 +520,15 @@ class ModelVersion:
                     raise
             first = True
             window = pending.responder.window
-            receive = pending.receive
-            assert receive is not None  # made with a Mailbox
-            async with receive:
+            async with handle:
                 while True:
                     # a response already delivered (a direct or inline call) costs no task switch,
                     # but a cancelled caller (client gone, deadline) still stops here
                     await trio.lowlevel.checkpoint_if_cancelled()
                     try:
-                        response = receive.receive_nowait()
+                        response = handle.receive_nowait()
                     except trio.WouldBlock:
-                        response = await receive.receive()
+                        response = await handle.receive()
                     if first and pending.turn is not None:
                         await pending.turn.wait()
                     if response.error is not None and response.final and first:

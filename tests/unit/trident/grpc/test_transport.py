@@ -4,7 +4,7 @@ Raw HTTP/2 clients (e2e.grpc_raw) send what real clients never do; grpcio (in a 
 checks interoperability. The handlers record what the server side saw (cancellations, metadata).
 Every test runs three times: with unary handlers run by a task of their own, with
 ``Method.now`` (answered in the connection's read loop where they can, as ModelInfer is), and
-with ``Method.now`` answering later (:class:`Later`: the call has no task; another task
+with ``Method.now`` answering later (``Call.answer_later``: the call has no task; another task
 answers it, as a model's worker answers a queued ModelInfer).
 """
 
@@ -30,9 +30,8 @@ from trident.errors import (
     GRPC_UNIMPLEMENTED,
     invalid_arg,
 )
-from trident.grpc import transport
 from trident.grpc.serve import serve_methods
-from trident.grpc.transport import Call, GrpcError, Later, Method, TransportConfig
+from trident.grpc.transport import Call, GrpcError, Method, TransportConfig
 
 MAX = 64 * 1024
 WINDOW = 65536
@@ -49,11 +48,13 @@ def unary_path(request, monkeypatch):
 
 def answered_later(handler, nursery: trio.Nursery):
     """``Method.now`` for ``handler`` that answers from a task in ``nursery`` (not the call's:
-    the call has none) through Call.answer / Call.fail, and returns a Later whose cancel cancels
-    that task; the handler's awaitable, for the call's task, where the call may not (a deadline)."""
+    the call has none) through Call.answer / Call.fail, after Call.answer_later with what
+    cancels that task; the handler's awaitable, for the call's task (Call.run), where the call
+    may not (a deadline)."""
     def now(call: Call, message: bytearray):
         if not call.may_answer_later:
-            return handler(call, message)
+            call.run(handler(call, message))
+            return
         scope = trio.CancelScope()
 
         async def answer():
@@ -66,7 +67,7 @@ def answered_later(handler, nursery: trio.Nursery):
                 call.answer(parts, size)
 
         nursery.start_soon(answer)
-        return Later(scope.cancel)
+        call.answer_later(scope.cancel)
 
     return now
 
@@ -140,15 +141,17 @@ def methods(rec: Recorder, nursery: trio.Nursery) -> dict[str, Method]:
                       for name in ("Echo", "Fail", "Wait", "Meta")})
     elif NOW == "now":
         def echo_now(call: Call, message: bytearray):
-            return [bytes(message)], len(message)
+            call.answer([bytes(message)], len(message))
 
         def meta_now(call: Call, message: bytearray):
             rec.metadata = call.metadata
-            return [b"ok"], 2
+            call.answer([b"ok"], 2)
+
+        def wait_now(call: Call, message: bytearray):
+            call.run(wait(call, message))  # answers later: its task awaits it
 
         table.update(Echo=Method(echo, now=echo_now), Fail=Method(fail, now=fail_now),
-                     Wait=Method(wait, now=wait),  # answers later: its task awaits it
-                     Meta=Method(meta, now=meta_now))
+                     Wait=Method(wait, now=wait_now), Meta=Method(meta, now=meta_now))
     return {f"/test.T/{name}": m for name, m in table.items()}
 
 
@@ -913,16 +916,3 @@ def test_reads_grow_while_they_come_back_full_and_shrink_after_a_short_one():
     assert next_receive_size(_RECEIVE_MAX, _RECEIVE_SIZE - 1) == _RECEIVE_SIZE
     assert next_receive_size(_RECEIVE_SIZE, 100) == _RECEIVE_SIZE
     assert next_receive_size(_RECEIVE_SIZE, 0) == _RECEIVE_SIZE
-
-
-def test_a_requeued_tail_goes_out_before_what_was_queued_since():
-    """What a write left over (a call answered later, into a full socket) keeps its place."""
-    engine = transport.make_engine(TransportConfig())
-    engine.data_to_send()
-    engine.ping(b"12345678")
-    first = bytes(engine.data_to_send())
-    engine.requeue(memoryview(first)[5:])
-    engine.ping(b"abcdefgh")
-    assert engine.has_data_to_send()
-    assert bytes(engine.data_to_send()) == first[5:] + first[:9] + b"abcdefgh"
-    assert not engine.data_to_send()

@@ -18,11 +18,11 @@ import pytest
 import trio
 import tritonclient.http as httpclient
 
-from trident.http import fastserver
+from trident import sockets_io
+from trident.http import fastserver, watch
 from trident.http.fastserver import serve_asgi, serve_http_fast
 from trident.options import EXAMPLE_REPOSITORY, ServerOptions
-from trident.server import open_server
-from trident.types import InferenceResponse
+from trident.server import RequestHandle, open_server
 
 
 class Recorder:
@@ -584,26 +584,24 @@ async def test_serve_http_fast_takes_the_limits_from_the_options():
 
 async def test_the_infer_fast_path_leaves_no_task_behind(monkeypatch):
     """Disconnects during watched inferences, bad and truncated bodies: every task ends with its connection."""
-    monkeypatch.setattr(fastserver, "WATCH_DELAY", 0.01)
+    monkeypatch.setattr(watch, "WATCH_DELAY", 0.01)
     options = ServerOptions(model_repositories=[str(Path(EXAMPLE_REPOSITORY))], exit_timeout_secs=5)
     body = b'{"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "FP32", "data": [1, 2]}]}'
     path = b"/v2/models/identity_fp32/infer"
     cancelled: list[bool] = []
     async with open_server(options) as server, trio.open_nursery() as nursery:
-        infer_now = server.infer_now
+        start = server.start
 
-        async def slow_infer(request: Any, **kwargs: Any) -> Any:
-            try:
-                await trio.sleep(0.3)
-            except trio.Cancelled:
-                cancelled.append(True)
-                raise
-            kwargs.pop("on_done", None)  # this stand-in answers through its awaitable
-            result = infer_now(request, **kwargs)
-            return result if isinstance(result, InferenceResponse) else await result
+        def slow_start(request: Any, **kwargs: Any) -> RequestHandle:  # the fast path's call: awaited, watched
+            async def drive(handle: RequestHandle, send: Any) -> None:
+                try:
+                    await trio.sleep(0.3)
+                except trio.Cancelled:
+                    cancelled.append(True)
+                    raise
+                await send(await start(request, **kwargs).wait())
 
-        def slow_infer_now(request: Any, **kwargs: Any) -> Any:  # the fast path's call: awaited, watched
-            return slow_infer(request, **kwargs)
+            return RequestHandle(drive)
 
         port = await nursery.start(
             lambda task_status: serve_http_fast(server, host="127.0.0.1", port=0, task_status=task_status))
@@ -613,7 +611,7 @@ async def test_the_infer_fast_path_leaves_no_task_behind(monkeypatch):
         await warm.stream.aclose()
         await trio.sleep(0.1)
         living = trio.lowlevel.current_statistics().tasks_living
-        monkeypatch.setattr(server, "infer_now", slow_infer_now)
+        monkeypatch.setattr(server, "start", slow_start)
 
         async def one(kind: int) -> None:
             client = await Client.connect(port)
@@ -672,13 +670,13 @@ async def test_responses_kept_for_the_end_of_the_round_stay_in_order_when_the_cl
     what a flush could not write is written by a task of the connection's, before anything newer
     (the connection stops reading meanwhile), and every response arrives whole and in order."""
     writers: list[int] = []
-    write_stuck = fastserver._Connection._write_stuck
+    write_after = sockets_io.SocketIO._write_after
 
-    async def counted(self: Any, parts: list[Any], stuck: trio.Event) -> None:
+    async def counted(self: Any, previous: trio.Event | None, parts: list[Any], busy: trio.Event) -> None:
         writers.append(sum(len(p) for p in parts))
-        await write_stuck(self, parts, stuck)
+        await write_after(self, previous, parts, busy)
 
-    monkeypatch.setattr(fastserver._Connection, "_write_stuck", counted)
+    monkeypatch.setattr(sockets_io.SocketIO, "_write_after", counted)
     options = ServerOptions(model_repositories=[str(Path(EXAMPLE_REPOSITORY))])
     values, count = 15_000, 150  # about 60 KB per response (under DEFER_BYTES), 9 MB in all
     path = b"/v2/models/identity_fp32/infer"
