@@ -321,7 +321,11 @@ class Server:
 
     async def _logged_infer(self, request: InferenceRequest, endpoint: str, send: SendResponse) -> None:
         """:meth:`start`'s request, logged (--log-verbose >= 1), its response to ``send``."""
-        await send(await self._logged(self._start(request, endpoint).wait(), request))
+        await send(await self._logged(self._started(request, endpoint), request))
+
+    async def _started(self, request: InferenceRequest, endpoint: str) -> InferenceResponse:
+        """:meth:`_start`, awaited: its errors raise inside :meth:`_logged`, so they are logged."""
+        return await self._start(request, endpoint).wait()
 
     async def _logged(self, call: Awaitable[Any], request: InferenceRequest) -> Any:
         """``await call``, logging the request's id, model and outcome (--log-verbose >= 1)."""
