@@ -13,10 +13,7 @@ import abc
 import contextvars
 import sys
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from trident.backends.python.pb_utils import InferenceRequest, InferenceResponse
+from typing import Any
 
 
 class TritonModelException(Exception):
@@ -32,8 +29,10 @@ class _Runtime(abc.ABC):
     server_calls: int = 0
 
     @abc.abstractmethod
-    def bls(self, request: InferenceRequest, decoupled: bool, parents: Sequence[Any]) -> Iterator[InferenceResponse]:
-        """Start a BLS request; iterate the callee's responses (errors as error responses).
+    def bls(self, request: Any, decoupled: bool, parents: Sequence[Any]) -> Iterator[Any]:
+        """Start a BLS request (a ``pb_utils.InferenceRequest``: pb_utils imports this module, not
+        the other way round); iterate the callee's ``pb_utils.InferenceResponse`` objects (errors
+        as error responses).
 
         ``decoupled=False`` yields exactly one response. ``parents`` are the requests whose
         cancellation cancels this one. The iterator may have a ``cancel()`` method.

@@ -2,7 +2,7 @@
 
 :func:`serve_grpc` serves Triton's ``inference.GRPCInferenceService`` and
 ``grpc.health.v1.Health`` for a :class:`trident.server.Server`; :func:`serve_methods` serves any
-table of :class:`~trident.grpc.transport.Method` (tests use it with their own handlers).
+table of :class:`~trident.grpc.call.Method` (tests use it with their own handlers).
 
 Options read from ``server.options`` (tritonserver's flag names): ``grpc_max_message_size``,
 ``grpc_use_ssl``, ``grpc_server_cert``, ``grpc_server_key``, ``grpc_root_cert``,
@@ -17,7 +17,7 @@ leaves gRPC core's default: no max age, an unbounded grace period); and trident'
 and first SETTINGS, counted from accept), ``grpc_idle_timeout_secs``,
 ``grpc_message_timeout_secs``, ``grpc_max_buffered_bytes`` and ``grpc_http2`` (the HTTP/2
 implementation: ``trident`` or ``h2``; see
-:class:`~trident.grpc.transport.TransportConfig`; a time of 0 disables that timer).
+:class:`~trident.grpc.config.TransportConfig`; a time of 0 disables that timer).
 """
 
 from __future__ import annotations
@@ -30,8 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from trident.grpc.budget import ServerBudget
+from trident.grpc.call import Method
+from trident.grpc.config import TransportConfig
 from trident.grpc.h2_engine import ENGINES
-from trident.grpc.transport import Connection, Method, ServerBudget, TransportConfig
+from trident.grpc.transport import Connection
 from trident.listening import TcpListener, open_tcp_listeners, serve_listener
 from trident.options import ServerOptions
 

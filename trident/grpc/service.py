@@ -18,7 +18,7 @@ import betterproto2
 import trio
 
 from trident.errors import TritonError, invalid_arg, unavailable
-from trident.grpc.transport import Call, GrpcError, Method
+from trident.grpc.call import Call, GrpcError, Method
 from trident.observability.logs import serving, serving_of
 from trident.observability.trace import TraceParent, parse_traceparent
 from trident.protocol import grpc_codec, grpc_messages
