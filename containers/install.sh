@@ -6,7 +6,8 @@
 #   install.sh venv SRC [EXTRAS]   build stage: /opt/trident/venv with trident from the source tree
 #                                  SRC and the comma-separated EXTRAS, versions pinned by
 #                                  SRC/containers/constraints.txt, its protocol modules compiled
-#                                  (python -m trident.native build; NATIVE=0: left pure Python);
+#                                  (python -m trident.native build; NATIVE=0: left pure Python;
+#                                  PINS="NAME==VERSION ...": those packages' constraints replaced);
 #                                  the image's health check
 #   install.sh runtime             final stage, after /opt/trident is copied in: the non-root user
 #                                  trident (uid/gid 10001), /models holding the bundled example
@@ -29,6 +30,18 @@ venv)
     # the constraints apply to trident's dependencies and, through the environment, to the
     # setuptools and wheel of pip's isolated build environment
     export PIP_CONSTRAINT="$src/containers/constraints.txt" PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+    if [ -n "${PINS:-}" ]; then
+        # PINS (space-separated NAME==VERSION) replace those packages' lines of the constraints:
+        # containers/arm64.sh pins an onnxruntime that runs under qemu emulation
+        pinned=/tmp/trident-constraints.txt
+        cp "$PIP_CONSTRAINT" "$pinned"
+        for pin in $PINS; do
+            name=${pin%%==*}
+            sed -i "/^$name==/d" "$pinned"
+            echo "$pin" >> "$pinned"
+        done
+        export PIP_CONSTRAINT="$pinned"
+    fi
     "$VENV/bin/pip" install --quiet --no-compile "pip==$(sed -n 's/^pip==//p' "$PIP_CONSTRAINT")"
     "$VENV/bin/pip" install --quiet --no-compile "$src${extras:+[$extras]}"
     if [ "${NATIVE:-1}" != 0 ]; then

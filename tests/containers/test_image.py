@@ -21,7 +21,7 @@ import yaml
 from e2e.models import SLOW_CONFIG, SLOW_PY, write_model
 from tritonclient.utils import InferenceServerException
 
-from tests.containers.conftest import IMAGE, Container, podman
+from tests.containers.conftest import ARCH, IMAGE, MACHINE, TIME_SCALE, Container, podman
 from trident.options import EXAMPLE_REPOSITORY
 
 
@@ -45,11 +45,14 @@ def test_image_configuration(image: dict) -> None:
     assert set(config["ExposedPorts"]) == {"8000/tcp", "8001/tcp", "8002/tcp"}
     assert config["Cmd"] == ["trident", "serve", "--model-repository", "/models"]
     assert config["StopSignal"] in ("SIGTERM", "15")
-    print(f"\n{IMAGE}: {image['Size'] / 1e6:.0f} MB")
+    assert (image["Os"], image["Architecture"]) == ("linux", ARCH)
+    print(f"\n{IMAGE}: {image['Size'] / 1e6:.0f} MB, linux/{ARCH}")
 
 
 def test_non_root_commands_on_path_and_the_example_repository(example: Container) -> None:
     assert example.exec("id", "-u").stdout.strip() == "10001"
+    # the image's own architecture runs (under qemu emulation on another host: containers/arm64.sh)
+    assert example.exec("uname", "-m").stdout.strip() == MACHINE
     for command in ("trident", "tritonserver", "trident-healthcheck"):
         assert example.exec("sh", "-c", f"command -v {command}").returncode == 0, command
     version = example.exec("tritonserver", "--version")
@@ -230,7 +233,7 @@ def test_sigterm_drains_the_request_in_flight(tmp_path: Path, containers) -> Non
 
     def call() -> None:
         try:
-            with httpclient.InferenceServerClient(c.url(8000), network_timeout=60) as client:
+            with httpclient.InferenceServerClient(c.url(8000), network_timeout=60 * TIME_SCALE) as client:
                 x = httpclient.InferInput("X", [1], "FP32")
                 x.set_data_from_numpy(np.array([3.0], np.float32))
                 result["y"] = client.infer("slow", [x], parameters={"marker": "/markers/started"}).as_numpy("Y").tolist()
@@ -239,7 +242,7 @@ def test_sigterm_drains_the_request_in_flight(tmp_path: Path, containers) -> Non
 
     thread = threading.Thread(target=call)
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 30 * TIME_SCALE
     while not (markers / "started").exists() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert (markers / "started").exists(), c.logs()
@@ -260,7 +263,7 @@ def test_sigterm_drains_the_request_in_flight(tmp_path: Path, containers) -> Non
     body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [0.0]}]}
     refused = httpx.post(f"http://{c.url(8000)}/v2/models/slow/infer", json=body)
     assert refused.status_code == 503 and "stopping" in refused.json()["error"]
-    thread.join(60)
+    thread.join(60 * TIME_SCALE)
     assert result == {"y": [3.0]}
     assert c.wait(60) == 0
 
