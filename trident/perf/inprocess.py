@@ -17,7 +17,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import numpy as np
 import trio
@@ -30,6 +30,9 @@ from trident.perf.report import settings_text
 from trident.perf.wire import PerfError
 from trident.perf.wire import Tensor as WireTensor
 
+if TYPE_CHECKING:
+    from trident.server import Server
+
 __all__ = ["run_in_process"]
 
 T = TypeVar("T")
@@ -38,7 +41,7 @@ _FLUSH_S = 0.05
 
 
 class _InProcessControl(Control):
-    def __init__(self, server: Any, token: trio.lowlevel.TrioToken) -> None:
+    def __init__(self, server: Server, token: trio.lowlevel.TrioToken) -> None:
         self.server = server
         self.token = token
 
@@ -82,7 +85,7 @@ class _InProcessLoad:
     """The worker-process interface of the engine (``procs``, ``pipes``, ``seen_ns``,
     ``send_all``, ``poll``, ``grow``) over trio tasks in this process."""
 
-    def __init__(self, server: Any, token: trio.lowlevel.TrioToken, o: PerfOptions, info: ModelInfo,
+    def __init__(self, server: Server, token: trio.lowlevel.TrioToken, o: PerfOptions, info: ModelInfo,
                  variants: list[list[WireTensor]]) -> None:
         self.server = server
         self.token = token
@@ -277,7 +280,7 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:  # type: ignore[t
     return out
 
 
-async def _measure(server: Any, o: PerfOptions, out: TextIO, err: TextIO) -> int:
+async def _measure(server: Server, o: PerfOptions, out: TextIO, err: TextIO) -> int:
     from trident.perf.sweep import Progress, sweep, write_outputs
 
     token = trio.lowlevel.current_trio_token()
