@@ -117,17 +117,26 @@ def _unwritable_trace_file(opts: ServerOptions) -> str | None:
 
 
 def _warn_open_model_control(opts: ServerOptions) -> None:
-    """A note in the log when any client that reaches a public address may load models."""
+    """One line when explicit model control is open to code upload: a load may carry model files
+    (``file:`` parameters) and an uploaded ``model.py`` runs as it loads, as in Triton, unless the
+    model-repository API is restricted on every front end that serves it. The line names the
+    flags that restrict it; INFO, or WARNING when an open front end listens on all interfaces."""
     if opts.model_control_mode != "explicit":
         return
+    flags: list[str] = []
+    public = False
     for allowed, address, restricted, flag in (
             (opts.allow_http, opts.http_address, opts.http_restricted_api, "--http-restricted-api"),
             (opts.allow_grpc, opts.grpc_address, opts.grpc_restricted_protocol, "--grpc-restricted-protocol")):
-        if allowed and address in ("", "0.0.0.0", "::") and not any(
-                "model-repository" in spec.partition(":")[0].split(",") for spec in restricted):
-            log.warning("explicit model control is open to every client on %s (all interfaces): loads run model "
-                        "code uploaded with them; restrict it with %s=model-repository:<header>=<value>",
-                        address or "0.0.0.0", flag)
+        if allowed and not any("model-repository" in spec.partition(":")[0].split(",") for spec in restricted):
+            flags.append(f"{flag}=model-repository:<key>=<value>")
+            public = public or address in ("", "0.0.0.0", "::")
+    if not flags:
+        return
+    log.log(logging.WARNING if public else logging.INFO,
+            "the model-control API is open to code upload%s: a load may carry model files and runs an "
+            "uploaded model.py (as Triton does); restrict it with %s",
+            " on all interfaces" if public else "", " and ".join(flags))
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -312,5 +312,36 @@ def test_model_control_outside_explicit_mode_refuses_load_and_unload(mode, tmp_p
             assert client.is_model_ready("add_sub")
         finally:
             client.close()
+        assert "open to code upload" not in server.log()  # no load API, nothing to upload to
+    finally:
+        server.stop()
+
+
+_OPEN = "the model-control API is open to code upload"
+_HTTP_FLAG = "--http-restricted-api=model-repository:<key>=<value>"
+_GRPC_FLAG = "--grpc-restricted-protocol=model-repository:<key>=<value>"
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    ((), (_HTTP_FLAG, _GRPC_FLAG)),
+    (("--http-restricted-api=model-repository,statistics:admin-key=s",), (_GRPC_FLAG,)),
+    (("--http-restricted-api=model-repository:admin-key=s", "--grpc-restricted-protocol=model-repository:k=s"), ()),
+], ids=["open", "http-restricted", "both-restricted"])
+def test_explicit_model_control_logs_that_it_is_open_to_code_upload(flags, named, repo_factory):
+    """Explicit model control with the model-repository API open on a front end: one INFO line
+    at start-up naming the flag that restricts each open front end (WARNING only on all
+    interfaces; these servers listen on 127.0.0.1); none once both are restricted."""
+    server = start_server("--model-control-mode=explicit", *flags, repo=repo_factory("add_sub"))
+    try:
+        lines = [line for line in server.log().splitlines() if _OPEN in line]
+        if not named:
+            assert lines == []
+            r = httpx.post(f"http://{server.http_url}/v2/repository/models/add_sub/load")
+            assert r.status_code == 403 and "expecting header 'admin-key'" in r.text
+        else:
+            assert len(lines) == 1, lines
+            assert lines[0].startswith("I"), lines[0]  # INFO in tritonserver's format
+            assert "on all interfaces" not in lines[0]
+            assert lines[0].endswith(" and ".join(named)), lines[0]
     finally:
         server.stop()
