@@ -97,7 +97,7 @@ def _seconds(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid number of seconds '{text}'") from None
-    if v < 0:
+    if not v >= 0 or v == float("inf"):  # nan and inf too
         raise argparse.ArgumentTypeError(f"expected a non-negative number, got '{text}'")
     return v
 
@@ -423,6 +423,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                    help="a request head must arrive whole within this (trident)")
     h.add_argument("--http-body-timeout-secs", type=_seconds, default=d.http_body_timeout_secs,
                    help="longest pause between request body bytes (trident)")
+    h.add_argument("--http-send-timeout-secs", type=_seconds, default=d.http_send_timeout_secs,
+                   help="close a connection whose client takes none of its response bytes for this long "
+                        "(trident; 0: never)")
     h.add_argument("--openai-port", type=_port, default=d.openai_port, metavar="PORT",
                    help="serve the OpenAI-compatible API (/v1) on this port too, at --http-address")
 
@@ -480,6 +483,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                    help="TLS handshake and HTTP/2 preface must complete within this (trident)")
     h.add_argument("--grpc-message-timeout-secs", type=_seconds, default=d.grpc_message_timeout_secs,
                    help="a started request message must arrive whole within this (trident)")
+    h.add_argument("--grpc-send-timeout-secs", type=_seconds, default=d.grpc_send_timeout_secs,
+                   help="close a connection whose client takes none of its bytes, reset a stream held at a zero "
+                        "window, for this long (trident; 0: never)")
     h.add_argument("--grpc-max-buffered-bytes", type=_positive_int, default=d.grpc_max_buffered_bytes,
                    help="request bytes buffered across all gRPC connections (trident)")
     h.add_argument("--grpc-http2", choices=("trident", "h2"), default=d.grpc_http2,

@@ -32,6 +32,7 @@ class ServerOptions:
     http_max_connections: int = 4096  # open connections; at the limit, accepting pauses
     http_header_timeout_secs: float = 30.0  # a request head must arrive whole within this
     http_body_timeout_secs: float = 60.0  # longest pause between request body bytes
+    http_send_timeout_secs: float = 60.0  # response bytes unsent, none taken this long: close (0: never)
     # the OpenAI-compatible front end (trident.openai) on a port of its own, at http_address
     # (None: only under /v1 on the HTTP port)
     openai_port: int | None = None
@@ -64,6 +65,7 @@ class ServerOptions:
     grpc_idle_timeout_secs: float = 120.0  # a connection with no call for this long gets GOAWAY
     grpc_handshake_timeout_secs: float = 10.0  # TLS handshake + HTTP/2 preface after accept
     grpc_message_timeout_secs: float = 60.0  # a started request message must complete within this
+    grpc_send_timeout_secs: float = 60.0  # no write progress / a stream at a zero window this long (0: never)
     grpc_max_buffered_bytes: int = 2 * 1024 * 1024 * 1024  # request bytes buffered, all connections
     grpc_http2: str = "trident"  # HTTP/2 implementation: trident (trident.protocol.http2) | h2 (fallback)
     # restricted APIs: "<api>[,<api>...]:<header>=<value>" entries (tritonserver's syntax)
