@@ -97,6 +97,8 @@ class _Record:
     lock: trio.Lock = field(default_factory=trio.Lock)
     tmpdir: Path | None = None
     loading: bool = False
+    #: load calls of this record under way, from their start (before its lock is taken)
+    loads: int = 0
     #: composing models (name, version string) when the record is a loaded ensemble
     composing: list[tuple[str, str]] = field(default_factory=list)
     #: loaded by the user (load API, --load-model, or at start-up), not only as a dependency
@@ -183,6 +185,10 @@ class ModelRepository:
         self._listing: dict[str, dict[str, Fingerprint]] = {}
         #: why the last listing of a cloud repository failed (url -> reason)
         self._listing_errors: dict[str, str] = {}
+        #: the models of the start-up plan whose load has not run yet (LOADING, not unknown)
+        self._startup_names: set[str] = set()
+        #: the start-up plan is not made yet (the front ends listen before it is)
+        self._awaiting_plan = True
 
     # ---- scanning -------------------------------------------------------------------------
 
@@ -278,10 +284,13 @@ class ModelRepository:
                     _log_unlogged(e)
 
         # composing models first; then ensembles, which load what they still need themselves
-        for phase in phases:
-            async with trio.open_nursery() as nursery:
-                for name in phase:
-                    nursery.start_soon(load_one, name)
+        try:
+            for phase in phases:
+                async with trio.open_nursery() as nursery:
+                    for name in phase:
+                        nursery.start_soon(load_one, name)
+        finally:
+            self._startup_names.clear()
         heap.settle()
 
     # ---- load / unload --------------------------------------------------------------------
@@ -337,7 +346,10 @@ class ModelRepository:
     async def load_startup_model(self, name: str, *, gate: Gate | None = None) -> None:
         """Load one model of the start-up set (``--workers``: the supervisor drives the start-up
         load, model by model, in every worker; see :meth:`startup_plan`). Raises TritonError."""
-        await self._load(name, gate=gate)
+        try:
+            await self._load(name, gate=gate)
+        finally:
+            self._startup_names.discard(name)
         self._records[name].explicit = True
 
     async def startup_plan(self) -> tuple[list[str], list[str]]:
@@ -352,6 +364,8 @@ class ModelRepository:
             names = list(found) if wanted == ["*"] else wanted
         else:
             names = list(found)
+        self._startup_names = {n for n in names if n in found}
+        self._awaiting_plan = False
         ensembles = set()
         for name in names:
             where = found.get(name)
@@ -400,6 +414,7 @@ class ModelRepository:
                                f"{self._not_found_reason()}")
             created = rec is None and found is None  # exists only through the request's files
             rec = self._record(name, found)
+        rec.loads += 1
         try:
             if not chain and await self._names_an_ensemble(rec, config_json):
                 # one ensemble load at a time (with the loads of what it needs, chain non-empty):
@@ -412,6 +427,8 @@ class ModelRepository:
             if created and not rec.versions and self._records.get(name) is rec:
                 del self._records[name]  # no phantom entry for a refused load
             raise
+        finally:
+            rec.loads -= 1
 
     async def _load_record(self, rec: _Record, config_json: str | None, files: dict[str, bytes] | None,
                            chain: tuple[str, ...], gate: Gate | None = None) -> None:
@@ -427,6 +444,7 @@ class ModelRepository:
                 raise
             finally:
                 rec.loading = False
+                self._startup_names.discard(rec.name)  # whichever load ran, the start-up's has
 
     async def _names_an_ensemble(self, rec: _Record, config_json: str | None) -> bool:
         if config_json:
@@ -720,6 +738,7 @@ class ModelRepository:
         """A load of ``name`` failed elsewhere (the other workers of ``--workers``): unless it
         serves here, it is recorded as failed with ``reason``, as where the load ran."""
         rec = self._records.get(name) or self._record(name, self.scan().get(name))
+        self._startup_names.discard(name)
         if not rec.versions:
             rec.failed = {-1: reason}
 
@@ -751,6 +770,7 @@ class ModelRepository:
                 rec.explicit = rec.explicit or explicit
             finally:
                 rec.loading = False
+                self._startup_names.discard(name)
 
     async def _load_remote_locked(self, rec: _Record, config: ModelConfig, versions: list[int], backend: Backend,
                                   gate: Gate | None) -> None:
@@ -845,6 +865,7 @@ class ModelRepository:
                 other.suspended = sorted(composing)
                 log.info("unloaded ensemble '%s': its composing model '%s' is being unloaded", other.name, rec.name)
         started = time.monotonic()
+        self._startup_names.discard(rec.name)
         old = list(rec.versions.values())
         rec.unloaded = set(rec.versions) | {v for v in rec.failed if v >= 0}
         rec.versions = {}
@@ -957,11 +978,18 @@ class ModelRepository:
 
         Raises TritonError: NOT_FOUND for an unknown model or version and for a model with no
         version loaded (unloaded, or its versions removed), UNAVAILABLE for a model that failed
-        to load (with the reason) or whose versions are not ready yet, INVALID_ARG for a bad
-        version.
+        to load (with the reason), that is loading with no version serving yet (the start-up's
+        load, the load API's; retryable: the repository holds it) or whose versions are not
+        ready yet, INVALID_ARG for a bad version.
         """
         rec = self._records.get(name)
-        if rec is None or (not rec.versions and not rec.failed and not rec.unloaded and rec.path is None):
+        if rec is None:
+            if self._awaiting_plan and self._planned(name):
+                raise unavailable(f"model '{name}' is not ready yet: it is loading")
+            raise not_found(f"Request for unknown model: '{name}' is not found")
+        if not rec.versions and self._is_loading(rec):  # retryable: the repository holds it
+            raise unavailable(f"model '{name}' is not ready yet: it is loading")
+        if not rec.versions and not rec.failed and not rec.unloaded and rec.path is None:
             raise not_found(f"Request for unknown model: '{name}' is not found")
         if version:
             if not version.isdigit():
@@ -969,6 +997,8 @@ class ModelRepository:
             v = int(version)
             mv = rec.versions.get(v)
             if mv is None:
+                if self._is_loading(rec):
+                    raise unavailable(f"model '{name}' version {v} is not ready yet: the model is loading")
                 if v in rec.failed:
                     raise unavailable(f"model '{name}' version {v} is not available: {rec.failed[v]}")
                 if v in rec.unloaded:
@@ -989,6 +1019,25 @@ class ModelRepository:
             reason = rec.failed.get(-1) or next(iter(rec.failed.values()), "") or "model is not loaded"
             raise unavailable(f"model '{name}' is not available: {reason}")
         return best
+
+    def _is_loading(self, rec: _Record) -> bool:
+        """A load of ``rec`` is under way or waits its turn (the load API's, or a start-up
+        load of the plan, until that model's load has run)."""
+        return rec.loading or rec.loads > 0 or rec.name in self._startup_names
+
+    def _planned(self, name: str) -> bool:
+        """Before the start-up plan is made: whether ``name`` will be in it (a model folder of a
+        local repository the control mode loads; any valid name while a cloud repository is
+        still to be listed). Only unknown models ask, while the server starts."""
+        wanted = self.options.load_models
+        if self.options.model_control_mode == "explicit" and wanted != ["*"] and name not in wanted:
+            return False
+        try:
+            check_model_name(name)
+        except TritonError:
+            return False
+        return bool(self._clouds) or any((Path(r) / name).is_dir() for r in self.options.model_repositories
+                                         if not is_cloud_url(r))
 
     def names(self) -> list[str]:
         return sorted(self._records)
@@ -1020,7 +1069,7 @@ class ModelRepository:
                     continue
                 if -1 in rec.failed:
                     rows.append(IndexEntry(name, "", "UNAVAILABLE", rec.failed[-1]))
-                elif rec.loading:
+                elif self._is_loading(rec):
                     rows.append(IndexEntry(name, "", "LOADING", ""))
                 else:
                     rows.append(IndexEntry(name))
