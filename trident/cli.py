@@ -62,6 +62,17 @@ def _byte_limit(text: str) -> int:
     return v
 
 
+def _memory_size(text: str) -> int:
+    """Bytes, or a number with a K, M or G suffix (powers of 1024; KiB, MiB, GiB too)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if scale > 1 else t) * scale)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"expected a number of bytes (optionally with K, M or G), got '{text}'") \
+            from None
+
+
 def _port(text: str) -> int:
     v = _positive_int(text)
     if v > 65535:
@@ -400,6 +411,14 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                    help="models loaded in parallel")
     for name in ("--model-load-retry-count", "--model-namespacing", "--enable-peer-access"):
         _ignored(g, name)
+    _flag(g, "--model-load-on-demand", d.model_load_on_demand,
+          "explicit mode: load a model on its first request (trident's own)")
+    g.add_argument("--model-load-on-demand-timeout-secs", type=_seconds, default=d.model_load_on_demand_timeout_secs,
+                   help="longest a request waits for its model's load on demand")
+    g.add_argument("--model-budget-count", type=_integer, default=None, metavar="N",
+                   help="most models loaded on demand at once (least recently used idle ones are unloaded)")
+    g.add_argument("--model-budget-memory", type=_memory_size, default=None, metavar="BYTES",
+                   help="most resident memory the models loaded on demand add (bytes, or with K/M/G)")
 
     h = serve.add_argument_group("HTTP")
     _flag(h, "--allow-http", d.allow_http, "serve HTTP")
@@ -609,6 +628,11 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         raise ValueError("--load-model=* can not be combined with other --load-model values")
     if opts.load_models and opts.model_control_mode != "explicit":
         raise ValueError("--load-model is only allowed with --model-control-mode=explicit")
+    from trident.server.on_demand import options_problem
+
+    problem = options_problem(opts)
+    if problem:
+        raise ValueError(problem)
     # mutual TLS is TLS (tritonserver sets use_ssl for --grpc-use-ssl-mutual); a TLS flag that
     # would not be honoured stops the start (trident.grpc.serve.check_tls_options)
     if args.grpc_use_ssl is None:

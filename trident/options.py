@@ -84,6 +84,12 @@ class ServerOptions:
     load_models: list[str] = field(default_factory=list)
     repository_poll_secs: float = 15.0
     model_load_thread_count: int = 4
+    # trident's own: models loaded on their first request within a budget, least recently used
+    # out first (explicit mode; trident.server.on_demand). Budgets: None is none
+    model_load_on_demand: bool = False
+    model_load_on_demand_timeout_secs: float = 60.0
+    model_budget_count: int | None = None
+    model_budget_memory: int | None = None  # bytes
     model_config_name: str = ""
     disable_auto_complete_config: bool = False
     strict_readiness: bool = True

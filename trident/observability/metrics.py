@@ -53,6 +53,35 @@ def _family(name: str, doc: str, kind: str) -> Metric:
     return Metric(name, doc, kind)
 
 
+class OnDemandCollector(Collector):
+    """trident's own families for models loaded on demand (``--model-load-on-demand``;
+    :mod:`trident.server.on_demand`): loads, failed loads, evictions, and what is loaded now."""
+
+    FAMILIES = (
+        ("loads", "trident_model_on_demand_load_count", "Models loaded on a request for them", "counter"),
+        ("load_failures", "trident_model_on_demand_load_failure_count",
+         "Loads on demand that failed (their requests got UNAVAILABLE with the reason)", "counter"),
+        ("evictions", "trident_model_eviction_count",
+         "Models loaded on demand unloaded, least recently used first, to stay within the budget", "counter"),
+        ("loaded", "trident_model_on_demand_loaded", "Models loaded on demand and serving now", "gauge"),
+        ("bytes", "trident_model_on_demand_resident_bytes",
+         "Resident memory the loads of the models loaded on demand now added (approximate: RSS before and "
+         "after each load)", "gauge"),
+    )
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Any]:
+        counts = self.server.repository.on_demand_counts()
+        if not counts:
+            return
+        for key, name, doc, kind in self.FAMILIES:
+            family = _family(name, doc, kind)
+            family.add_sample(name, {}, counts[key])
+            yield family
+
+
 class ModelStatsCollector(Collector):
     """Per-model families built from statistics snapshots (labels from :func:`model_labels`)."""
 
@@ -169,6 +198,7 @@ def make_registry(server: Server, *host_collectors: Collector) -> CollectorRegis
         if isinstance(collector, GpuMetrics):
             uuids = {i: g.uuid for i, g in enumerate(collector.gpus)}
     registry.register(ModelStatsCollector(server, uuids))
+    registry.register(OnDemandCollector(server))
     for collector in host_collectors:
         registry.register(collector)
     return registry

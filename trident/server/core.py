@@ -284,7 +284,12 @@ class Server:
 
     def _start(self, request: InferenceRequest, endpoint: str) -> RequestHandle:
         """:meth:`start` without its logging."""
-        mv = self.repository.get(request.model_name, request.model_version)
+        try:
+            mv = self.repository.get(request.model_name, request.model_version)
+        except TritonError:
+            if not self.repository.loads_on_demand(request.model_name):
+                raise
+            return RequestHandle(lambda handle, send: self._on_demand(request, send, endpoint=endpoint))
         if mv.decoupled:
             raise unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         self._admit()
@@ -355,7 +360,12 @@ class Server:
         the first response (later errors arrive as responses with ``error`` set).
         Cancellation: cancelling the task in ``stream`` cancels the request.
         """
-        mv = self.repository.get(request.model_name, request.model_version)
+        try:
+            mv = self.repository.get(request.model_name, request.model_version)
+        except TritonError:
+            if not self.repository.loads_on_demand(request.model_name):
+                raise
+            return RequestHandle(lambda handle, send: self._on_demand(request, send, stream=True))
         self._admit()
         try:
             handle = mv.start_stream(request, here=forwarded)
@@ -364,6 +374,20 @@ class Server:
             raise
         handle.on_close(self._release)
         return handle
+
+    async def _on_demand(self, request: InferenceRequest, send: SendResponse, *, endpoint: str = "",
+                         stream: bool = False) -> None:
+        """A request whose model is not loaded (``--model-load-on-demand``): wait for its load
+        (:meth:`ModelRepository.load_on_demand`), then start it again. Raises what the load
+        raises, then what :meth:`start` / :meth:`start_stream` raise. Cancellation: the request
+        stops waiting (the load goes on)."""
+        if self.stopping:
+            raise unavailable("Server is stopping")
+        await self.repository.load_on_demand(request.model_name)
+        if stream:
+            await self.start_stream(request).stream(send)
+        else:
+            await send(await self._start(request, endpoint).wait())
 
     async def infer_stream(self, request: InferenceRequest, send: SendResponse) -> None:
         """Run a request and ``await send(response)`` for each of its responses (last is final):

@@ -56,6 +56,15 @@ from trident.server import heap
 from trident.server.cloud_repository import CloudRepository, Fingerprint, is_cloud_url, mount_directory_env
 from trident.server.devices import gpu_count
 from trident.server.model import ModelVersion
+from trident.server.on_demand import (
+    DemandLoad,
+    OnDemand,
+    Resident,
+    choose_evictions,
+    give_back_memory,
+    options_problem,
+    resident_bytes,
+)
 from trident.types import IndexEntry
 
 if TYPE_CHECKING:
@@ -109,6 +118,10 @@ class _Record:
     override: tuple[str, dict[str, bytes] | None] | None = None
     #: the repository agents of the serving versions (None without agents)
     agents: AgentChain | None = None
+    #: loaded on demand (evictable unless ``explicit``; trident.server.on_demand)
+    on_demand: bool = False
+    #: the tick of its last lookup (``--model-load-on-demand``: least recently used goes first)
+    used: int = 0
 
 
 def _is_json_object(text: str) -> bool:
@@ -189,6 +202,11 @@ class ModelRepository:
         self._startup_names: set[str] = set()
         #: the start-up plan is not made yet (the front ends listen before it is)
         self._awaiting_plan = True
+        problem = options_problem(options)
+        if problem:
+            raise invalid_arg(problem)
+        #: loads on demand and their budget (``--model-load-on-demand``; None: off)
+        self.on_demand = OnDemand(options) if options.model_load_on_demand else None
 
     # ---- scanning -------------------------------------------------------------------------
 
@@ -715,6 +733,144 @@ class ModelRepository:
         merged.update(self.options.backend_config.get(backend.name, {}))
         return merged
 
+    # ---- loads on demand (--model-load-on-demand; trident.server.on_demand) ---------------------
+
+    def loads_on_demand(self, name: str) -> bool:
+        """Whether a request for ``name`` should load it and wait: loading on demand is on, the
+        model serves no version, and the repository holds it (a model of its start-up listing,
+        or a folder of a local repository). Only a request that did not find its model asks."""
+        if self.on_demand is None:
+            return False
+        rec = self._records.get(name)
+        if rec is not None:
+            return not rec.versions and rec.path is not None
+        try:
+            check_model_name(name)
+        except TritonError:
+            return False
+        return any((Path(r) / name).is_dir() for r in self.options.model_repositories if not is_cloud_url(r))
+
+    async def load_on_demand(self, name: str) -> None:
+        """Wait until ``name`` serves, starting its load (in the repository's nursery, shared with
+        the requests that arrive meanwhile) unless one is under way; at most
+        ``--model-load-on-demand-timeout-secs``, after which the load goes on without this caller.
+
+        Raises TritonError: UNAVAILABLE with the reason when the load fails (and, for
+        :data:`~trident.server.on_demand.RETRY_AFTER_FAILURE_S`, at once to the requests that
+        follow), or when the wait times out; NOT_FOUND for a model the repository does not hold.
+        Cancellation: the caller stops waiting; the load goes on.
+        """
+        od = self.on_demand
+        assert od is not None
+        reason = od.recent_failure(name)
+        if reason is not None:
+            raise unavailable(f"model '{name}' failed to load on demand: {reason}")
+        load = od.pending.get(name)
+        if load is None:
+            load = od.pending[name] = DemandLoad()
+            self._nursery.start_soon(self._run_demand_load, name, load)
+        with trio.move_on_after(od.timeout_s):
+            await load.done.wait()
+        if not load.done.is_set():
+            raise unavailable(f"model '{name}' is still loading on demand after {od.timeout_s:g} s; "
+                              "retry later (--model-load-on-demand-timeout-secs)")
+        if load.error is not None:
+            if load.unknown:
+                raise not_found(f"Request for unknown model: '{name}' is not found")
+            raise unavailable(f"model '{name}' failed to load on demand: {load.error}")
+
+    async def _run_demand_load(self, name: str, load: DemandLoad) -> None:
+        """One load on demand: make room within the budget, load through the repository's load
+        path, measure what it added. Never raises but cancellation (its error goes to ``load``)."""
+        od = self.on_demand
+        assert od is not None
+        try:
+            async with od.lock:
+                rec = self._records.get(name)
+                if rec is None or not rec.versions:
+                    if rec is None and name not in self.scan():
+                        load.unknown = True
+                        raise not_found(f"Request for unknown model: '{name}' is not found")
+                    await self._make_room(name)
+                    before = resident_bytes()
+                    await self._load(name)
+                    heap.settle()
+                    rec = self._records[name]
+                    rec.on_demand = not rec.explicit
+                    od.measured(name, resident_bytes() - before)
+                    od.loads += 1
+                    log.info("loaded '%s' on demand, counted as %d resident bytes (%s)", name, od.sizes[name],
+                             self._budget_text())
+                od.tick += 1
+                rec.used = od.tick
+        except TritonError as e:
+            load.error = e.message
+            if not load.unknown:
+                od.load_failures += 1
+                od.failures[name] = (time.monotonic(), e.message)
+                _log_unlogged(e)
+        except Exception as e:  # a bug must not take the repository down: the requests get it
+            log.exception("load on demand of '%s' failed", name)
+            load.error = f"{type(e).__name__}: {e}"
+            od.load_failures += 1
+            od.failures[name] = (time.monotonic(), load.error)
+        finally:
+            od.pending.pop(name, None)
+            load.done.set()
+
+    async def _make_room(self, name: str) -> None:
+        """Unload the least recently used idle models loaded on demand until ``name`` fits the
+        budgets, waiting for a busy one to go idle when the idle ones are not enough."""
+        od = self.on_demand
+        assert od is not None
+        while True:
+            composing = {dep for r in self._records.values() if r.versions for dep, _ in r.composing}
+            resident = [Resident(r.name, r.used, r.name not in composing and all(
+                            mv.inflight.count == 0 for mv in r.versions.values()), od.sizes.get(r.name, 0))
+                        for r in self._records.values() if r.on_demand and r.versions and not r.explicit]
+            victims, enough = choose_evictions(resident, od.count_budget, od.memory_budget, od.estimate(name))
+            for victim in victims:
+                rec = self._records[victim]
+                nested = list(rec.composing)
+                async with rec.lock:
+                    await self._unload_record(rec)
+                od.evictions += 1
+                log.info("unloaded '%s', the least recently used model loaded on demand, to make room for '%s'",
+                         victim, name)
+                if nested:
+                    await self._unload_composing(nested)
+            if victims:
+                await trio.to_thread.run_sync(give_back_memory, limiter=self._io_limiter)
+            if enough:
+                return
+            busy = [r for r in resident if not r.idle and r.name not in composing]
+            if busy:  # the least recently used busy one: wait until its requests are done (or a while)
+                oldest = self._records[min(busy, key=lambda r: r.used).name]
+                with trio.move_on_after(0.05):
+                    for mv in list(oldest.versions.values()):
+                        await mv.inflight.idle.wait()
+            else:
+                await trio.sleep(0.05)  # only ensembles' composing models are left: one may go
+
+    def _budget_text(self) -> str:
+        od = self.on_demand
+        assert od is not None
+        loaded = [r for r in self._records.values() if r.on_demand and r.versions]
+        parts = [f"{len(loaded)} loaded on demand" + (f" of {od.count_budget}" if od.count_budget else "")]
+        if od.memory_budget is not None:
+            parts.append(f"{sum(od.sizes.get(r.name, 0) for r in loaded)} of {od.memory_budget} bytes")
+        return ", ".join(parts)
+
+    def on_demand_counts(self) -> dict[str, int]:
+        """The on-demand counters and gauges (metrics): loads, load failures, evictions, models
+        loaded on demand now and the resident bytes their loads added (approximate)."""
+        od = self.on_demand
+        if od is None:
+            return {}
+        loaded = [r.name for r in self._records.values() if r.on_demand and r.versions]
+        return {"loads": od.loads, "load_failures": od.load_failures, "evictions": od.evictions,
+                "loaded": len(loaded), "bytes": sum(od.sizes.get(n, 0) for n in loaded)}
+
     # ---- a model another process serves (--workers placement) ----------------------------------
 
     async def read_config(self, name: str, config_json: str | None = None) -> ModelConfig | None:
@@ -866,6 +1022,7 @@ class ModelRepository:
                 log.info("unloaded ensemble '%s': its composing model '%s' is being unloaded", other.name, rec.name)
         started = time.monotonic()
         self._startup_names.discard(rec.name)
+        rec.on_demand = False
         old = list(rec.versions.values())
         rec.unloaded = set(rec.versions) | {v for v in rec.failed if v >= 0}
         rec.versions = {}
@@ -987,6 +1144,9 @@ class ModelRepository:
             if self._awaiting_plan and self._planned(name):
                 raise unavailable(f"model '{name}' is not ready yet: it is loading")
             raise not_found(f"Request for unknown model: '{name}' is not found")
+        if self.on_demand is not None:  # least recently used: the lookups' order
+            self.on_demand.tick += 1
+            rec.used = self.on_demand.tick
         if not rec.versions and self._is_loading(rec):  # retryable: the repository holds it
             raise unavailable(f"model '{name}' is not ready yet: it is loading")
         if not rec.versions and not rec.failed and not rec.unloaded and rec.path is None:
