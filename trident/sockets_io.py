@@ -21,6 +21,11 @@ What it does, in one place:
   server's :class:`Flusher`) and the next write carries it in front of its own parts;
 * **back-pressure**: a peer that does not read blocks only the writes of its own connection,
   in their task (or the turn's), never the loop;
+* **send timeout** (``send_timeout``, nginx's ``send_timeout``): a write that waits for the
+  socket and sees none of its bytes taken for that long gives up: the socket is marked broken
+  and ``timed_out``, and closes with a reset (``SO_LINGER`` 0: the kernel drops what it holds
+  for the peer). The timer is the wait's own deadline, set only when a write must wait; the
+  bytes such writes hold are counted in :data:`BACKLOG`;
 * **fairness**: with ``yield_bytes``, a connection that moves that many bytes without waiting
   (a large body arriving fast, a response the socket takes at once) lets other tasks run.
 
@@ -35,6 +40,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +50,33 @@ import trio
 log = logging.getLogger("trident.sockets")
 
 IOV_MAX = 512  # buffers per writev (the kernel takes up to 1024)
+TLS_SEND_SIZE = 64 * 1024  # a TLS stream's writes, when a send timeout applies: bytes per timed send
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+class SendBacklog:
+    """What peers that do not read cost the server, across its connections (one per process,
+    :data:`BACKLOG`; the metrics port reads it): ``waiting``, the bytes of writes that wait for
+    a socket (and, for gRPC, of messages that wait for a flow-control window); ``timed_out``,
+    per ``(protocol, what)``, the connections closed and streams reset by a send timeout."""
+
+    __slots__ = ("waiting", "timed_out")
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.timed_out: dict[tuple[str, str], int] = {}
+
+    def count_timeout(self, protocol: str, what: str) -> None:
+        key = (protocol, what)
+        self.timed_out[key] = self.timed_out.get(key, 0) + 1
+
+
+BACKLOG = SendBacklog()
+
+
+def size_of(parts: list[Any]) -> int:
+    """The bytes in ``parts`` (buffers of any item size)."""
+    return sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
 
 
 def consume(parts: list[Any], n: int) -> None:
@@ -62,14 +95,19 @@ class SocketIO:
     where :meth:`write_soon` starts the task that writes what the socket did not take (None:
     the connection is closing, and writes what is left itself); ``yield_bytes`` the bytes moved
     between two yields of a busy connection (inf: none); ``flusher`` the server's end-of-round
-    writer (:meth:`defer`)."""
+    writer (:meth:`defer`); ``send_timeout`` how long a write may wait for the socket to take
+    any of its bytes (inf: for ever) and ``protocol`` the name its time-outs are counted under."""
 
     __slots__ = ("stream", "fd", "yield_bytes", "drained", "moved", "yielded", "broken", "busy", "deferred",
-                 "tasks", "flusher", "on_broken")
+                 "tasks", "flusher", "on_broken", "send_timeout", "timed_out", "protocol")
 
     def __init__(self, stream: trio.abc.Stream, *, yield_bytes: float = math.inf,
-                 flusher: Flusher | None = None, on_broken: Callable[[], None] | None = None) -> None:
+                 flusher: Flusher | None = None, on_broken: Callable[[], None] | None = None,
+                 send_timeout: float = math.inf, protocol: str = "") -> None:
         self.stream = stream
+        self.send_timeout = send_timeout
+        self.protocol = protocol
+        self.timed_out = False  # a write gave up on the peer (send_timeout): the socket is broken
         #: the plain TCP socket's descriptor (-1: TLS or another stream, through trio's calls)
         self.fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
         self.yield_bytes = yield_bytes
@@ -249,10 +287,11 @@ class SocketIO:
 
     async def _write_all(self, parts: list[Any]) -> None:
         fd = self.fd
+        waiting = 0  # the bytes left, counted in BACKLOG, once a wait for the socket started
         try:
             if fd < 0:
                 if parts and not self.broken:
-                    await self.stream.send_all(b"".join(parts))
+                    await self._send_stream(b"".join(parts))
                 return
             while True:
                 if self.moved >= self.yield_bytes:
@@ -266,12 +305,66 @@ class SocketIO:
                 except BlockingIOError:
                     self.yielded = True
                     self.moved = 0
-                    await trio.lowlevel.wait_writable(fd)
+                    if not waiting:
+                        waiting = size_of(parts)
+                        BACKLOG.waiting += waiting
+                    with trio.move_on_after(self.send_timeout) as waited:
+                        await trio.lowlevel.wait_writable(fd)
+                    if waited.cancelled_caught:
+                        self.give_up()
+                        return
                     continue
                 self.moved += n
                 consume(parts, n)
+                if waiting:
+                    BACKLOG.waiting -= n
+                    waiting -= n
         except (OSError, *_STREAM_ERRORS):
             self.broken = True
+        finally:
+            if waiting:
+                BACKLOG.waiting -= waiting
+
+    async def _send_stream(self, data: bytes) -> None:
+        """``data`` through the stream's own calls (TLS): whole, or, under a send timeout, in
+        ``TLS_SEND_SIZE`` slices each of which must go within it (raises trio's stream errors)."""
+        timeout = self.send_timeout
+        if timeout == math.inf:
+            await self.stream.send_all(data)
+            return
+        view = memoryview(data)
+        left = len(view)
+        BACKLOG.waiting += left
+        try:
+            for pos in range(0, len(view), TLS_SEND_SIZE):
+                chunk = view[pos:pos + TLS_SEND_SIZE]
+                with trio.move_on_after(timeout) as waited:
+                    await self.stream.send_all(chunk)
+                if waited.cancelled_caught:
+                    self.give_up()
+                    return
+                BACKLOG.waiting -= len(chunk)
+                left -= len(chunk)
+        finally:
+            BACKLOG.waiting -= left
+
+    def give_up(self) -> None:
+        """The peer took none of a write's bytes for ``send_timeout``: nothing more is written,
+        and the socket, once closed, is reset (SO_LINGER 0: what the kernel holds for the peer
+        is dropped instead of lingering). Counted in :data:`BACKLOG`. Never raises."""
+        if self.timed_out:
+            return
+        self.timed_out = self.broken = True
+        BACKLOG.count_timeout(self.protocol, "connection")
+        log.debug("%s connection closed: the peer took no bytes for %g s (send timeout)",
+                 self.protocol or "a", self.send_timeout)
+        stream: Any = self.stream
+        sock = getattr(stream, "socket", None) or getattr(getattr(stream, "transport_stream", None), "socket", None)
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
 
     # ---- writes left for the end of the round ---------------------------------------------------
 

@@ -61,6 +61,9 @@ def startup_problem(opts: ServerOptions) -> str | None:
 def log_startup_notes(opts: ServerOptions) -> None:
     """What a server logs once as it starts: warnings about its options, the flags it ignores."""
     _warn_open_model_control(opts)
+    if opts.allow_http and opts.http_server == "hypercorn" and opts.http_send_timeout_secs:
+        log.info("--http-send-timeout-secs=%g is not applied with --http-server hypercorn: an HTTP client that "
+                 "never reads keeps its connection (--http-server trident applies it)", opts.http_send_timeout_secs)
     for flag, value, why in opts.ignored_flags:
         log.warning("ignoring %s=%s: %s", flag, value, why)
     log.info("trident %s (Triton-compatible inference server, KServe v2) starting", trident.__version__)

@@ -1,6 +1,6 @@
-"""The start-up note on explicit model control open to code upload (trident.startup): its level
-by listening address and the flags it names. The server's own log line is checked end to end in
-tests/e2e/test_security_flags.py."""
+"""The start-up notes of trident.startup: explicit model control open to code upload (its level
+by listening address and the flags it names; the server's own line is checked end to end in
+tests/e2e/test_security_flags.py), the send timeout hypercorn does not apply."""
 
 from __future__ import annotations
 
@@ -41,3 +41,17 @@ def test_only_open_front_ends_are_named(caplog: pytest.LogCaptureFixture) -> Non
 @pytest.mark.parametrize("mode", ["none", "poll"])
 def test_no_note_without_the_load_api(caplog: pytest.LogCaptureFixture, mode: str) -> None:
     assert _notes(caplog, model_control_mode=mode) == []
+
+
+def test_hypercorn_says_it_does_not_apply_the_send_timeout(caplog: pytest.LogCaptureFixture) -> None:
+    def notes(**options: object) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="trident.serve"):
+            log_startup_notes(ServerOptions(**options))  # type: ignore[arg-type]
+        return [r.getMessage() for r in caplog.records if "--http-send-timeout-secs" in r.getMessage()]
+
+    assert notes(http_server="hypercorn") == [
+        "--http-send-timeout-secs=60 is not applied with --http-server hypercorn: an HTTP client that never reads "
+        "keeps its connection (--http-server trident applies it)"]
+    assert notes(http_server="hypercorn", http_send_timeout_secs=0) == []
+    assert notes() == []  # trident's layer applies it

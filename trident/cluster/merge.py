@@ -8,7 +8,8 @@ Metrics (the metrics port), per family type, samples matched by name and labels:
 * counters and histograms (every bucket, ``_sum``, ``_count``): summed;
 * summaries: ``_sum`` and ``_count`` summed; a quantile is the largest of the workers' (an
   upper bound: quantiles of separate streams do not combine, and a p99 is never understated);
-* trident's gauges: ``nv_inference_pending_request_count`` summed (requests waiting anywhere),
+* trident's gauges: ``nv_inference_pending_request_count`` and ``trident_send_pending_bytes``
+  summed (requests, response bytes waiting anywhere),
   ``nv_model_load_duration_secs`` the largest (the model was ready everywhere after that);
 * any other gauge (a model's own, through ``pb_utils.MetricFamily``): one series per worker,
   labelled ``worker="<index>"``, since a gauge's meaning (a level, a last value) decides how it
@@ -95,7 +96,7 @@ def merge_statistics(per_worker: list[list[ModelStatistics]]) -> list[ModelStati
 
 # ---- metrics ---------------------------------------------------------------------------------
 
-SUMMED_GAUGES = frozenset({"nv_inference_pending_request_count"})
+SUMMED_GAUGES = frozenset({"nv_inference_pending_request_count", "trident_send_pending_bytes"})
 LARGEST_GAUGES = frozenset({"nv_model_load_duration_secs"})
 WORKER_LABEL = "worker"
 

@@ -31,6 +31,9 @@ class TransportConfig:
     max_buffered_bytes: int = 2 * 1024 * 1024 * 1024  # request bytes buffered, all connections
     max_connection_buffered: int = 0  # per connection; 0: max(2 x max_message_size, 256 MiB), capped
     message_timeout: float = 60.0  # a started request message must be complete within this
+    #: a write with none of its bytes taken by the socket for this long closes the connection;
+    #: a stream whose response waits this long at a zero flow-control window is reset (CANCEL)
+    send_timeout: float = 60.0
     handshake_timeout: float = 10.0  # TLS handshake + the client's preface and first SETTINGS
     idle_timeout: float = 120.0  # no call for this long: GOAWAY NO_ERROR and close
     keepalive_time: float = 7200.0  # PING after this long without inbound bytes (calls open)

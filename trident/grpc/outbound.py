@@ -13,7 +13,13 @@ time (:class:`trident.sockets_io.SocketIO`):
   task (a call answered later) is written at once, the rest by a task of the connection's
   (:meth:`~Outbound.kick`);
 * a write that finds the socket broken marks the connection broken (``on_broken``: every call
-  is cancelled, the reader stops).
+  is cancelled, the reader stops);
+* a send that waits for a window records when its stream stalled (``stalled``, kept until the
+  window opens for it) and wakes the connection's watchdog by the send timeout (``on_stall``),
+  which resets a stream stalled that long; the message bytes such sends hold are counted in
+  :data:`trident.sockets_io.BACKLOG`. What a stalled stream pins is bounded by its one
+  message in progress (``max_message_size``) and the socket's write by the frames of one
+  flush.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from trident.protocol import grpc_framing as framing
 from trident.protocol import http2
 from trident.protocol.grpc_framing import FramingError
 from trident.protocol.h2_guard import FrameGuard
-from trident.sockets_io import SocketIO
+from trident.sockets_io import BACKLOG, SocketIO
 
 Parts = Sequence[Any]  # buffers: bytes, bytearray, memoryview or 1-D uint8 numpy arrays
 Headers = Sequence[tuple[bytes, bytes]]
@@ -69,6 +75,10 @@ class Outbound:
         self.sends = 0
         self.broken = False
         self._window = trio.Event()  # set (and renewed) whenever the peer widens a window
+        #: stream id -> when its send found the window closed (until the window opens for it)
+        self.stalled: dict[int, float] = {}
+        #: wakes the connection's watchdog by the given time (a stream stalled: its send timeout)
+        self.on_stall: Callable[[float], None] | None = None
         self._flush_queued = False  # a task of kick's is to write what the engine holds
 
     # ---- frames --------------------------------------------------------------------------------
@@ -186,7 +196,7 @@ class Outbound:
                     self.guard.data_sent(frames)
                     frames = 0
             if pos < end:
-                await self._wait_for_window(stream)
+                await self._wait_for_window(stream, end - pos)
         if flush:
             await self.flush()
 
@@ -204,7 +214,7 @@ class Outbound:
             except http2.StreamClosedError:
                 raise StreamGone() from None
             if window <= 0:
-                await self._wait_for_window(stream)
+                await self._wait_for_window(stream, size)
                 continue
             n = min(window, size)
             chunk, views = _split_views(views, n)
@@ -217,17 +227,40 @@ class Outbound:
             size -= n
             await self._write_views(buffers)
 
-    async def _wait_for_window(self, stream: OutStream) -> None:
+    async def _wait_for_window(self, stream: OutStream, left: int) -> None:
         """Flush what is queued, then, if the stream's send window is still closed, wait until
-        the peer widens a window (the caller asks again). Raises StreamGone."""
+        the peer widens a window (the caller asks again), with ``left`` bytes of the message
+        held meanwhile. The stream counts as stalled from its first wait until the window opens
+        for it (the watchdog resets it after the send timeout). Raises StreamGone."""
         waiter = self._window
         await self.flush()
+        stream_id = stream.stream_id
+        engine = self.engine
         try:
-            window = self.engine.local_flow_control_window(stream.stream_id)
+            window = engine.local_flow_control_window(stream_id)
+        except http2.StreamClosedError:
+            self.stalled.pop(stream_id, None)
+            raise StreamGone() from None
+        if window > 0:
+            self.stalled.pop(stream_id, None)
+            return
+        timeout = self.config.send_timeout
+        if timeout and stream_id not in self.stalled:
+            now = trio.current_time()
+            self.stalled[stream_id] = now
+            if self.on_stall is not None:
+                self.on_stall(now + timeout)
+        BACKLOG.waiting += left
+        still_closed = False
+        try:
+            await waiter.wait()
+            still_closed = engine.local_flow_control_window(stream_id) <= 0
         except http2.StreamClosedError:
             raise StreamGone() from None
-        if window <= 0:
-            await waiter.wait()
+        finally:
+            BACKLOG.waiting -= left
+            if not still_closed:
+                self.stalled.pop(stream_id, None)
 
     async def _write_views(self, buffers: list[Any]) -> None:
         """Write what the engine has queued, then ``buffers``, in order, in the connection's

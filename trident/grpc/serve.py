@@ -15,7 +15,7 @@ keepalive and ping policy ``grpc_keepalive_time`` / ``grpc_keepalive_timeout`` (
 leaves gRPC core's default: no max age, an unbounded grace period); and trident's own
 ``grpc_max_connections`` (at the limit the accept loop pauses until a connection closes), ``grpc_handshake_timeout_secs`` (TLS handshake plus the client's preface
 and first SETTINGS, counted from accept), ``grpc_idle_timeout_secs``,
-``grpc_message_timeout_secs``, ``grpc_max_buffered_bytes`` and ``grpc_http2`` (the HTTP/2
+``grpc_message_timeout_secs``, ``grpc_send_timeout_secs``, ``grpc_max_buffered_bytes`` and ``grpc_http2`` (the HTTP/2
 implementation: ``trident`` or ``h2``; see
 :class:`~trident.grpc.config.TransportConfig`; a time of 0 disables that timer).
 """
@@ -61,6 +61,7 @@ def transport_config(options: ServerOptions) -> TransportConfig:
         compression_level=COMPRESSION_LEVELS[level],
         max_buffered_bytes=options.grpc_max_buffered_bytes,
         message_timeout=options.grpc_message_timeout_secs,
+        send_timeout=options.grpc_send_timeout_secs,
         handshake_timeout=options.grpc_handshake_timeout_secs,
         idle_timeout=options.grpc_idle_timeout_secs,
         keepalive_time=options.grpc_keepalive_time / 1000.0,

@@ -41,6 +41,10 @@ Limits (every size, count and time a client controls is bounded; see
   beyond MAX_HEADER_LIST_SIZE fails its stream with RESOURCE_EXHAUSTED after HPACK decoded it;
 * request bytes held count against the budgets; a started message must complete within
   ``message_timeout``; the watchdog's timers;
+* a peer that does not read: a write whose bytes the socket takes none of for ``send_timeout``
+  closes the connection (reset: a GOAWAY could not reach a peer that takes no bytes), and a
+  response that waits that long at a zero flow-control window resets its stream (CANCEL; the
+  watchdog's timer);
 * gzip and deflate messages inflate inline up to 1 MiB of output, the rest in worker threads
   (bounded by the server's limiter) in steps that the call's task awaits
   (:meth:`Call.run_sync`).
@@ -126,9 +130,11 @@ class Connection:
         self.idle_since = now  # when the last call ended
         self.guard = FrameGuard(config.guard, now, max_frame_size=config.max_frame_size)
         #: the socket (trident.sockets_io) and what goes out on it (trident.grpc.outbound)
-        self.io = SocketIO(stream, on_broken=self._break)
+        self.io = SocketIO(stream, on_broken=self._break, send_timeout=config.send_timeout or math.inf,
+                           protocol="grpc")
         self.out = Outbound(self.engine, self.io, self.guard, config, on_broken=self._break)
         self.watchdog = Watchdog(self, now, handshake_deadline)
+        self.out.on_stall = self.watchdog.arm
         self._pings = PingPolicy(config.min_recv_ping_interval, config.max_ping_strikes,
                                  config.keepalive_permit_without_calls)
         self._sends_at_ping = 0  # the sends as of the last client PING

@@ -13,7 +13,13 @@
   ``max_connection_age_grace``, after which each ends with UNAVAILABLE and the connection
   closes;
 * a request message started must arrive whole within ``message_timeout`` (else its call fails
-  with DEADLINE_EXCEEDED).
+  with DEADLINE_EXCEEDED);
+* a response that waits for a flow-control window for ``send_timeout`` (the peer holds the
+  stream's or the connection's window at zero): its stream is reset with RST_STREAM CANCEL (the
+  call ends as if the client had cancelled it). gRPC core has no such timer (a stalled stream
+  waits for its deadline, keepalive or the connection's max age); CANCEL is the code core
+  sends when it cancels a stream that cannot be answered with trailers. A peer that takes no
+  bytes at all is the socket's send timeout (:mod:`trident.sockets_io`: the connection closes).
 
 The task sleeps until the earliest of them; the connection moves that time earlier with
 :meth:`Watchdog.arm` (a message started, the last call ended).
@@ -35,6 +41,7 @@ from trident.grpc.outbound import Outbound
 from trident.protocol import http2
 from trident.protocol.grpc_framing import FramingError
 from trident.protocol.h2_guard import FrameGuard
+from trident.sockets_io import BACKLOG
 
 log = logging.getLogger("trident.grpc")
 
@@ -133,6 +140,8 @@ class Watchdog:
                 wake = min(wake, deadline)
         if config.keepalive_time:
             wake = min(wake, await self._keepalive(now))
+        if config.send_timeout and conn.out.stalled:
+            wake = min(wake, self._reset_stalled(now))
         if config.message_timeout:
             for call in list(conn.calls.values()):
                 deadline = call.partial_since + config.message_timeout
@@ -142,6 +151,32 @@ class Watchdog:
                         f"request message not received whole within {config.message_timeout:g} s"))
                 else:
                     wake = min(wake, deadline)
+        return wake
+
+    def _reset_stalled(self, now: float) -> float:
+        """Reset the streams stalled at a zero window for the send timeout (RST_STREAM CANCEL;
+        their calls end as reset by the client); returns when the next one is due."""
+        conn = self.conn
+        out = conn.out
+        timeout = conn.config.send_timeout
+        wake = math.inf
+        reset = False
+        for stream_id, since in list(out.stalled.items()):
+            deadline = since + timeout
+            if now < deadline:
+                wake = min(wake, deadline)
+                continue
+            del out.stalled[stream_id]
+            log.debug("gRPC stream %d held at a zero window for %g s: RST_STREAM CANCEL", stream_id, timeout)
+            BACKLOG.count_timeout("grpc", "stream")
+            out.reset_quietly(stream_id, http2.CANCEL)
+            reset = True
+            call = conn.calls.get(stream_id)
+            if call is not None:
+                call._on_reset()
+        if reset:
+            out.window_opened()  # the stalled sends look again, and find their stream gone
+            out.kick()
         return wake
 
     def _end_grace(self) -> None:

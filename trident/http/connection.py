@@ -18,7 +18,11 @@ connection does not hold the loop. Its limits:
 * a request head must arrive whole within ``header_timeout`` of its first byte (of the accept,
   for a connection's first request): a partial head then gets ``408`` and the connection
   closes, a connection that sent nothing is closed without an answer;
-* an unread request body up to ``DRAIN_LIMIT`` is skipped to keep the connection open.
+* an unread request body up to ``DRAIN_LIMIT`` is skipped to keep the connection open;
+* a client that takes none of a response's bytes for ``send_timeout`` (the socket's send
+  timeout, :mod:`trident.sockets_io`) loses its connection, closed with a reset. What it pins
+  meanwhile is bounded: the response being written (one at a time: the next request is not
+  read before it is out), ``MAX_READ_AHEAD`` pipelined bytes and the kernel's socket buffers.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ class Connection:
 
     def __init__(self, state: ServerState, stream: trio.SocketStream) -> None:
         self.state = state
-        self.io = SocketIO(stream, yield_bytes=YIELD_BYTES, flusher=state.flusher)
+        self.io = SocketIO(stream, yield_bytes=YIELD_BYTES, flusher=state.flusher, on_broken=self.stop,
+                           send_timeout=state.send_timeout, protocol="http")
         self.parser = RequestParser(state.max_head_size)
         self.cancel_scope = trio.CancelScope()  # cancelled by stop() only (it has no deadline)
         self.stopped = False  # stop() was called: what cancel_scope.cancel_called says, without a clock read

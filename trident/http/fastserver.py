@@ -40,6 +40,7 @@ from trident.http.limits import (
     KEEP_ALIVE_TIMEOUT,
     MAX_CONNECTIONS,
     MIN_BODY_RATE,
+    SEND_TIMEOUT,
 )
 from trident.http.state import ServerState
 from trident.http.watch import watch_requests
@@ -91,6 +92,7 @@ async def serve_asgi(
     keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT,
     header_timeout: float = HEADER_TIMEOUT,
     body_timeout: float = BODY_TIMEOUT,
+    send_timeout: float = SEND_TIMEOUT,
     max_connections: int = MAX_CONNECTIONS,
     max_head_size: int = DEFAULT_MAX_HEAD_SIZE,
     backlog: int = 1024,
@@ -104,16 +106,17 @@ async def serve_asgi(
     Without ``shutdown_trigger`` it serves until cancelled. When ``shutdown_trigger`` returns,
     it stops accepting, closes idle connections, waits up to ``graceful_timeout`` seconds for
     in-flight requests (their responses carry ``connection: close``), cancels what is left, and
-    returns. ``header_timeout``, ``body_timeout`` and ``max_connections`` bound what one client
-    can hold (see the module docstring). With ``infer_endpoint`` (the one ``app`` uses),
-    ``POST .../infer`` is answered by it directly, without ASGI.
+    returns. ``header_timeout``, ``body_timeout``, ``send_timeout`` (0: none) and
+    ``max_connections`` bound what one client can hold (see the module docstring). With
+    ``infer_endpoint`` (the one ``app`` uses), ``POST .../infer`` is answered by it directly,
+    without ASGI.
 
     Raises OSError when the address cannot be bound. Cancellation closes the listener and every
     connection and cancels the application calls in flight.
     """
     listeners = await open_tcp_listeners(port, host=host, backlog=backlog, reuse_port=reuse_port)
     state = ServerState(app, max_head_size, keep_alive_timeout, header_timeout, body_timeout, max_connections,
-                        infer_endpoint)
+                        infer_endpoint, send_timeout)
     stop_flushing = state.round.at_end(state.flusher.end_of_round)
     try:
         async with trio.open_nursery() as watching:
@@ -155,8 +158,8 @@ async def serve_http_fast(
 
     It reports the bound port through ``task_status``. When ``shutdown_trigger`` returns, it
     stops accepting and finishes in-flight requests (up to the server's ``exit_timeout_secs``).
-    The server's ``http_header_timeout_secs``, ``http_body_timeout_secs`` and
-    ``http_max_connections`` options set the limits of :func:`serve_asgi`, ``reuse_http_port``
+    The server's ``http_header_timeout_secs``, ``http_body_timeout_secs``,
+    ``http_send_timeout_secs`` and ``http_max_connections`` options set the limits of :func:`serve_asgi`, ``reuse_http_port``
     its ``SO_REUSEPORT``.
 
     Raises OSError when the address cannot be bound. Cancellation closes the listener and
@@ -167,4 +170,5 @@ async def serve_http_fast(
     await serve_asgi(make_app(server, endpoint), host=host, port=port, shutdown_trigger=shutdown_trigger,
                      graceful_timeout=options.exit_timeout_secs, task_status=task_status, infer_endpoint=endpoint,
                      header_timeout=options.http_header_timeout_secs, body_timeout=options.http_body_timeout_secs,
+                     send_timeout=options.http_send_timeout_secs,
                      max_connections=options.http_max_connections, reuse_port=options.reuse_http_port)

@@ -1,7 +1,7 @@
 """Sizes and times of trident's HTTP/1.1 server (:mod:`trident.http.fastserver`).
 
 The limits a client controls come from the server's options (``--http-header-timeout-secs``,
-``--http-body-timeout-secs``, ``--http-max-connections``: :class:`trident.options.ServerOptions`
+``--http-body-timeout-secs``, ``--http-send-timeout-secs``, ``--http-max-connections``: :class:`trident.options.ServerOptions`
 holds their defaults, repeated nowhere); the rest are the server's own.
 """
 
@@ -21,6 +21,7 @@ YIELD_BYTES = 256 * 1024  # ... and after moving this many bytes
 KEEP_ALIVE_TIMEOUT = 75.0
 HEADER_TIMEOUT = ServerOptions.http_header_timeout_secs
 BODY_TIMEOUT = ServerOptions.http_body_timeout_secs
+SEND_TIMEOUT = ServerOptions.http_send_timeout_secs  # a response write with no byte taken this long: close
 MAX_CONNECTIONS = ServerOptions.http_max_connections
 MIN_BODY_RATE = 64 * 1024  # bytes/s: a body's deadline grows by 1 s per this many bytes received
 DEFER_BYTES = 64 * 1024  # an /infer answer up to this size waits for the end of the loop's round

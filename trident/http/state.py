@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import trio
@@ -13,7 +14,7 @@ import trio
 from trident.batching import rounds
 from trident.http.asgi import ASGIApp
 from trident.http.infer import InferEndpoint
-from trident.http.limits import DEFER_LIMIT
+from trident.http.limits import DEFER_LIMIT, SEND_TIMEOUT
 from trident.protocol.http1 import ProtocolError, RequestParser
 from trident.sockets_io import Flusher, SocketIO
 
@@ -62,13 +63,16 @@ class ServerState:
     (the loop's rounds belong to it)."""
 
     def __init__(self, app: ASGIApp, max_head_size: int, keep_alive_timeout: float, header_timeout: float,
-                 body_timeout: float, max_connections: int, endpoint: InferEndpoint | None = None) -> None:
+                 body_timeout: float, max_connections: int, endpoint: InferEndpoint | None = None,
+                 send_timeout: float = SEND_TIMEOUT) -> None:
         self.app = app
         self.endpoint = endpoint  # set: /infer takes the fast path (no ASGI)
         self.max_head_size = max_head_size
         self.keep_alive_timeout = keep_alive_timeout
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
+        #: how long a response write may wait with none of its bytes taken (inf: for ever)
+        self.send_timeout = send_timeout or math.inf
         self.slots = trio.Semaphore(max_connections, max_value=max_connections)  # one per open connection
         self.connections: set[ConnectionState] = set()
         self.watches: set[Watched] = set()  # the connections' disconnect watches (the ticker's)

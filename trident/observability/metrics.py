@@ -26,6 +26,7 @@ from trident.observability.model_metrics import (
     parse_metrics_config,
 )
 from trident.observability.stats import FAILURE_REASONS
+from trident.sockets_io import BACKLOG
 
 if TYPE_CHECKING:
     from trident.server import Server
@@ -154,6 +155,27 @@ class ModelStatsCollector(Collector):
         yield from (f for f in [*families, *cache] if f.samples or f in (success, failure, count, execs))
 
 
+class SendBacklogCollector(Collector):
+    """trident's own families for peers that do not read (:data:`trident.sockets_io.BACKLOG`):
+    the response bytes waiting for a socket or a flow-control window, and the connections
+    closed and gRPC streams reset by the send timeout (``--http-send-timeout-secs``,
+    ``--grpc-send-timeout-secs``)."""
+
+    def collect(self) -> Iterator[Any]:
+        waiting = _family("trident_send_pending_bytes",
+                          "Response bytes waiting for a client to read them (socket or flow-control window), "
+                          "all connections", "gauge")
+        waiting.add_sample(waiting.name, {}, BACKLOG.waiting)
+        closed = _family("trident_send_timeout_count",
+                         "Connections closed (and gRPC streams reset) because the client took no response bytes "
+                         "within the send timeout", "counter")
+        for protocol, what in (("http", "connection"), ("grpc", "connection"), ("grpc", "stream")):
+            closed.add_sample(closed.name, {"protocol": protocol, "closed": what},
+                              BACKLOG.timed_out.get((protocol, what), 0))
+        yield waiting
+        yield closed
+
+
 def _labels(labels: dict[str, str]) -> str:
     if not labels:
         return ""
@@ -199,6 +221,7 @@ def make_registry(server: Server, *host_collectors: Collector) -> CollectorRegis
             uuids = {i: g.uuid for i, g in enumerate(collector.gpus)}
     registry.register(ModelStatsCollector(server, uuids))
     registry.register(OnDemandCollector(server))
+    registry.register(SendBacklogCollector())
     for collector in host_collectors:
         registry.register(collector)
     return registry
