@@ -177,3 +177,72 @@ async def test_a_stream_without_a_socket_goes_through_trio():
     assert await right.receive_some(10) == b"abcd"
     await right.send_all(b"back")
     assert await io.receive(10) == b"back" and io.yielded
+
+
+# ---- the send timeout ----------------------------------------------------------------------------
+
+
+def test_a_write_none_of_whose_bytes_are_taken_gives_up_after_the_send_timeout():
+    from trident.sockets_io import BACKLOG
+
+    async def main() -> None:
+        io, peer = pair(buffer=4096)
+        io.send_timeout = 0.2
+        io.protocol = "test"
+        before = BACKLOG.timed_out.get(("test", "connection"), 0)
+        waiting = BACKLOG.waiting
+        with trio.fail_after(5):
+            await io.write([b"x" * (1 << 20)])  # the peer never reads
+        assert io.broken and io.timed_out
+        assert BACKLOG.timed_out[("test", "connection")] == before + 1
+        assert BACKLOG.waiting == waiting  # what it held is no longer counted
+        await io.write([b"more"])  # nothing more is written, nothing waits
+        peer.close()
+
+    trio.run(main)
+
+
+def test_a_slow_reader_that_takes_bytes_within_the_timeout_keeps_its_connection():
+    async def main() -> None:
+        io, peer = pair(buffer=4096)
+        io.send_timeout = 0.3
+        size = 256 * 1024
+
+        async def slow_reader() -> bytes:
+            got = bytearray()
+            sock = trio.socket.from_stdlib_socket(peer)
+            while len(got) < size:
+                await trio.sleep(0.05)  # a pause shorter than the timeout between reads
+                got += await sock.recv(8192)
+            return bytes(got)
+
+        async with trio.open_nursery() as nursery:
+            result: list[bytes] = []
+
+            async def read() -> None:
+                result.append(await slow_reader())
+
+            nursery.start_soon(read)
+            with trio.fail_after(60):
+                await io.write([b"y" * size])
+        assert not io.broken and not io.timed_out
+        assert result == [b"y" * size]
+
+    trio.run(main)
+
+
+def test_a_stream_without_a_descriptor_times_out_by_slices():
+    """TLS and other streams (no descriptor): each slice must go within the timeout."""
+    from trident.sockets_io import BACKLOG
+
+    async def main() -> None:
+        a, _b = trio.testing.lockstep_stream_pair()  # send_all waits for a reader that never comes
+        io = SocketIO(a, send_timeout=0.2, protocol="test-stream")
+        waiting = BACKLOG.waiting
+        with trio.fail_after(5):
+            await io.write([b"z" * 100_000])
+        assert io.broken and io.timed_out
+        assert BACKLOG.timed_out[("test-stream", "connection")] == 1
+        assert BACKLOG.waiting == waiting
+
+    trio.run(main)
