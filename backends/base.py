@@ -154,6 +154,19 @@ class ModelInstance(abc.ABC):
     #: batch on the thread.
     inline_safe: bool = False
 
+    #: True when :meth:`interrupt` can stop a running ``execute``: trident then calls it once
+    #: every request of the running batch is cancelled (client gone, gRPC cancel or deadline)
+    interruptible: bool = False
+
+    def interrupt(self) -> None:  # noqa: B027 - optional hook (``interruptible`` says whether it acts)
+        """Stop the ``execute`` call running now (or about to start) on this instance, whose
+        requests were all cancelled: that call then ends soon, failing its requests with
+        CANCELLED (their results are discarded anyway). Called by trident from its event-loop
+        thread, never blocking, only between the submission of a batch to the instance's thread
+        and the server learning it returned; it may come after ``execute`` finished (then it
+        must change nothing: a later call must not be stopped). :class:`CallGuard` does that
+        bookkeeping. Only read when ``interruptible`` is true; the default does nothing."""
+
     @abc.abstractmethod
     def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse] | None:
         """Run a batch. See the module docstring for the contract. Blocking; runs in a thread."""
@@ -164,6 +177,50 @@ class ModelInstance(abc.ABC):
     def is_ready(self) -> bool:
         """Readiness probe for /v2/models/<m>/ready (default: ready once loaded)."""
         return True
+
+
+class CallGuard:
+    """The bookkeeping of an interruptible instance (:meth:`ModelInstance.interrupt`): which
+    call is running, so that an interrupt stops that call and never a later one.
+
+    ``execute`` brackets its work with :meth:`begin` (False: every request was cancelled
+    before the call started, so do not run) and :meth:`end`; ``interrupt`` calls
+    :meth:`interrupt`, which calls the framework's ``stop`` (thread-safe, non-blocking) while
+    a call is between the two, and otherwise does nothing. :attr:`stopped` tells the running
+    call, between framework calls, that it was stopped.
+    """
+
+    __slots__ = ("_lock", "_stop", "stopped")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stop: Callable[[], None] | None = None
+        #: True once the current call was interrupted (reset by the next :meth:`begin`)
+        self.stopped = False
+
+    def begin(self, requests: list[InferenceRequest], stop: Callable[[], None]) -> bool:
+        """A call of ``requests`` starts; ``stop()`` will stop it. False when every request is
+        already cancelled (an interrupt may have come before the call began: nothing to run)."""
+        with self._lock:
+            self.stopped = False
+            for request in requests:
+                if not request.cancelled:
+                    self._stop = stop
+                    return True
+            self.stopped = True
+            return False
+
+    def end(self) -> None:
+        """The call returned: a later interrupt changes nothing."""
+        with self._lock:
+            self._stop = None
+
+    def interrupt(self) -> None:
+        """Stop the running call, if any (its ``stop`` runs under the guard's lock)."""
+        with self._lock:
+            if self._stop is not None and not self.stopped:
+                self.stopped = True
+                self._stop()
 
 
 class Backend(abc.ABC):

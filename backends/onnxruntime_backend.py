@@ -17,7 +17,9 @@ instance owns one ``InferenceSession``:
 * on the CUDA EP, an input read from a client's CUDA shared memory on the instance's device
   is bound to that memory (``io_binding``), not copied to the device again.
 
-``session.run`` releases the GIL, so instances of one model run in parallel threads.
+``session.run`` releases the GIL, so instances of one model run in parallel threads. A run
+whose requests were all cancelled is stopped (``RunOptions.terminate``, checked by onnxruntime
+between kernels, Loop iterations included) and fails CANCELLED: :meth:`OnnxInstance.interrupt`.
 Auto-complete fills inputs, outputs and max_batch_size from the graph as Triton does.
 """
 
@@ -45,10 +47,10 @@ from trident.backends._common import (
     require,
     str_array,
 )
-from trident.backends.base import Backend, LoadContext, ModelInstance
+from trident.backends.base import Backend, CallGuard, LoadContext, ModelInstance
 from trident.backends.sequence_io import with_sequence_io
 from trident.backends.settings import setting
-from trident.errors import TritonError, internal, invalid_arg, unavailable, unsupported
+from trident.errors import TritonError, cancelled, internal, invalid_arg, unavailable, unsupported
 from trident.protocol.generated.inference import ModelConfig
 from trident.types import InferenceRequest, InferenceResponse, device_source_of
 
@@ -66,6 +68,7 @@ _ORT_TYPES = {
     "tensor(string)": "TYPE_STRING", "tensor(bfloat16)": "TYPE_BF16",
 }
 _ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
+_FATAL = 4  # onnxruntime's log severity: only fatal messages
 
 # Triton's TensorRT accelerator parameter -> ORT TensorRT EP option (README of onnxruntime_backend)
 _TRT_OPTIONS = {"max_workspace_size_bytes": "trt_max_workspace_size"}
@@ -186,8 +189,15 @@ def _translate(e: Exception) -> TritonError:
     return internal(f"onnxruntime: {kind}: {e}")
 
 
+def _stopped() -> TritonError:
+    return cancelled("onnxruntime: the run was stopped: every request of the batch was cancelled")
+
+
 class OnnxInstance(ModelInstance):
-    """One ``InferenceSession``; its ``execute`` runs whole batches."""
+    """One ``InferenceSession``; its ``execute`` runs whole batches, and :meth:`interrupt`
+    stops the one running (every run of a call takes the instance's ``RunOptions``)."""
+
+    interruptible = True
 
     def __init__(self, ort: Any, session: Any, config: ModelConfig, cuda_device: int | None = None) -> None:
         self.ort = ort
@@ -197,9 +207,27 @@ class OnnxInstance(ModelInstance):
         ins, outs = describe(session)
         self._strings = {io.name for io in ins if io.data_type == "TYPE_STRING"}
         self._bf16 = any(io.data_type == "TYPE_BF16" for io in [*ins, *outs])
-        self.runner = BatchRunner(config, self._run, _translate)
+        self.runner = BatchRunner(config, self._run, self._translate)
+        self._options = ort.RunOptions()  # terminate: set from the event loop's thread to stop a run
+        self._guard = CallGuard()
+
+    def _translate(self, e: Exception) -> TritonError:
+        if self._guard.stopped:  # onnxruntime's "Exiting due to terminate flag being set to true"
+            return _stopped()
+        return _translate(e)
+
+    def _stop(self) -> None:
+        # onnxruntime would log the stop as a kernel error: the run's log goes quiet instead
+        self._options.log_severity_level = _FATAL
+        self._options.terminate = True
+
+    def interrupt(self) -> None:
+        """Stop the running ``session.run`` (RunOptions.terminate); a call already over is left alone."""
+        self._guard.interrupt()
 
     def _run(self, inputs: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        if self._guard.stopped:  # a batch of several calls: the ones after an interrupt do not run
+            raise _stopped()
         feed = {n: (str_array(a, n) if n in self._strings else a) for n, a in inputs.items()}
         if self.cuda_device is not None and not self._bf16:
             on_device = {}
@@ -210,7 +238,7 @@ class OnnxInstance(ModelInstance):
             if on_device:
                 return self._run_bound(feed, names, on_device)
         if not self._bf16:
-            return dict(zip(names, self.session.run(names, feed), strict=True))
+            return dict(zip(names, self.session.run(names, feed, self._options), strict=True))
         return self._run_ort_values(feed, names)
 
     def _run_bound(self, feed: dict[str, np.ndarray], names: list[str],
@@ -228,7 +256,7 @@ class OnnxInstance(ModelInstance):
                 binding.bind_input(n, "cuda", self.cuda_device, a.dtype, list(a.shape), source[1])
         for n in names:
             binding.bind_output(n, "cpu")
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, self._options)
         return dict(zip(names, binding.copy_outputs_to_cpu(), strict=True))
 
     def _run_ort_values(self, feed: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
@@ -242,7 +270,7 @@ class OnnxInstance(ModelInstance):
             else:
                 values[n] = self.ort.OrtValue.ortvalue_from_numpy(a)
         out = {}
-        for n, v in zip(names, self.session.run_with_ort_values(names, values), strict=True):
+        for n, v in zip(names, self.session.run_with_ort_values(names, values, self._options), strict=True):
             if v.data_type() == "tensor(bfloat16)":
                 shape = tuple(v.shape())
                 count = int(np.prod(shape))
@@ -253,7 +281,16 @@ class OnnxInstance(ModelInstance):
         return out
 
     def execute(self, requests: list[InferenceRequest]) -> list[InferenceResponse]:
-        return self.runner.execute(requests)
+        guard = self._guard
+        if not guard.begin(requests, self._stop):
+            return [InferenceResponse(error=_stopped()) for _ in requests]
+        try:
+            return self.runner.execute(requests)
+        finally:
+            guard.end()
+            if guard.stopped:  # the next call runs, and logs, as usual
+                self._options.terminate = False
+                self._options.log_severity_level = -1
 
     def finalize(self) -> None:
         self.session = None

@@ -14,6 +14,12 @@ unless ``SKIP_OV_DYNAMIC_BATCHSIZE: YES`` (then the model keeps batch ``max_batc
 ``ENABLE_BATCH_PADDING: YES`` pads smaller batches); ``RESHAPE_IO_LAYERS: YES`` reshapes the
 inputs to the config's dims. Auto-complete adds the tensors the config does not list and
 autofills max_batch_size as Triton does. OpenVINO's ``infer`` releases the GIL.
+
+A running inference is not stopped when its clients leave (the instance is not
+``interruptible``): with openvino 2026.4's CPU plugin, ``InferRequest.cancel()`` of an
+inference started with ``start_async`` does end it, but the next inference of the same compiled
+model then sometimes runs with the cancelled one's intermediate shapes (as slow as it, and with
+wrong outputs): tests/bench/bench_cancel_running.py checks it.
 """
 
 from __future__ import annotations

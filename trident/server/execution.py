@@ -201,6 +201,56 @@ class Pending:
 
 
 
+class Interrupter:
+    """Stops a running call whose requests are all cancelled (:meth:`ModelInstance.interrupt`
+    of an ``interruptible`` instance): registered with each request of the call (``on_cancel``),
+    it calls the instance's ``interrupt()`` on trio's thread when the last one is cancelled, as
+    long as the executor has not seen the call return (:attr:`done`). A batch with one live
+    request runs on. Made per call on an instance's thread, only for interruptible instances.
+    """
+
+    __slots__ = ("instance", "requests", "token", "thread", "done", "fired")
+
+    def __init__(self, instance: ModelInstance, requests: list[InferenceRequest], token: trio.lowlevel.TrioToken,
+                 thread: int) -> None:
+        self.instance = instance
+        self.requests = requests
+        self.token = token  # trio's, and its thread: where the check runs
+        self.thread = thread
+        self.done = False  # set on trio's thread once the executor saw the call return
+        self.fired = False  # interrupt() was called
+        for request in requests:
+            request.on_cancel(self.cancelled)
+
+    def finish(self) -> None:
+        """The executor saw the call return (on trio's thread): later cancels change nothing.
+        The requests are let go (they hold this object's callback: no reference cycle)."""
+        self.done = True
+        self.requests = []
+
+    def cancelled(self) -> None:
+        """One request was cancelled (on the cancelling thread): the check runs on trio's."""
+        if self.done:
+            return
+        if threading.get_ident() == self.thread:
+            self.check()
+        else:
+            with contextlib.suppress(trio.RunFinishedError):
+                self.token.run_sync_soon(self.check)
+
+    def check(self) -> None:
+        if self.done or self.fired:
+            return
+        for request in self.requests:
+            if not request.cancelled:
+                return
+        self.fired = True
+        try:
+            self.instance.interrupt()
+        except Exception:  # a backend's bug must not break the cancelling task
+            log.exception("interrupting a running call of %r failed", self.instance)
+
+
 class InlineChoice:
     """Whether an instance's next batch runs inline on the event-loop thread (pure: fed the
     measured duration of every call, no clock of its own).
@@ -465,7 +515,9 @@ class BatchExecutor:
         request's own task, ModelVersion.infer_stream) is not shielded: its cancellation marks
         the requests cancelled at once (models see ``is_cancelled()``, BLS calls they made are
         cancelled), waits for the call, and raises Cancelled at its next checkpoint. Results
-        of cancelled requests are discarded.
+        of cancelled requests are discarded. On an ``interruptible`` instance, a call on its
+        thread whose requests all get cancelled is stopped (:class:`Interrupter`); such a call
+        is not recorded as an execution (its requests count as cancelled, as queued ones do).
         """
         live = self._live(batch)
         if not live:
@@ -478,6 +530,10 @@ class BatchExecutor:
         error: TritonError | None = None
         responses: list[InferenceResponse] | None = None
         called = [start, start]  # model call start and end, taken in the worker thread
+        interrupter = None
+        if instance.interruptible:
+            responder = live[0].responder  # knows trio's token and thread already
+            interrupter = Interrupter(instance, requests, responder._token, responder._trio_thread)
 
         def call() -> list[InferenceResponse] | None:
             called[0] = time.monotonic_ns()
@@ -500,7 +556,11 @@ class BatchExecutor:
             error = e
         except Exception as e:
             error = internal(f"{type(e).__name__}: {e}")
-        self._deliver(instance, live, responses, error, start, called[0], max(called[1], called[0]))
+        finally:
+            if interrupter is not None:
+                interrupter.finish()
+        self._deliver(instance, live, responses, error, start, called[0], max(called[1], called[0]),
+                      interrupter is not None and interrupter.fired)
 
     def run_inline(self, instance: ModelInstance, live: list[Pending]) -> None:
         """Execute ``live`` (requests not cancelled) on the event-loop thread now and deliver the
@@ -550,11 +610,15 @@ class BatchExecutor:
         return live
 
     def _deliver(self, instance: ModelInstance, live: list[Pending], responses: list[InferenceResponse] | None,
-                 error: TritonError | None, start: int, infer_start: int, infer_end: int) -> None:
+                 error: TritonError | None, start: int, infer_start: int, infer_end: int,
+                 interrupted: bool = False) -> None:
         """After an execution: each request's response (or the error), the call time for the
-        inline choice, and the execution's statistics."""
+        inline choice, and the execution's statistics. An ``interrupted`` call (all its requests
+        cancelled, stopped early) records neither: its time says nothing of the model's calls
+        (it must not bring a long model inline), and it performed no inference."""
         model = self.model
-        self.choice(instance).record(infer_end - infer_start)
+        if not interrupted:
+            self.choice(instance).record(infer_end - infer_start)
         if error is None and not model.decoupled:
             error = _count_error(model.name, responses, len(live))
         for i, pending in enumerate(live):
@@ -569,6 +633,8 @@ class BatchExecutor:
                 responder.send(responses[i], final=True)
             if pending.request.cancelled:
                 model.discarded += 1
+        if interrupted:
+            return
         end = time.monotonic_ns()
         model.stats.record_execution(sum(p.batch_size for p in live), infer_start - start, infer_end - infer_start,
                                      end - infer_end)
