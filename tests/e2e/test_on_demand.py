@@ -224,6 +224,14 @@ def test_a_model_that_fails_to_load_on_demand_is_unavailable_and_the_server_keep
             _http_infer(http, "no_such_model")
         assert e.value.status() == "404"
         assert len(_ready(server.http_url)) <= 2
+        # loaded through the load API: pinned, outside the budget of 2, never evicted
+        write_identity(repo, "FP32", "other")
+        http.load_model("checked")
+        for model in ("good", "slow", "other", "good"):
+            _http_infer(http, model)
+        ready = _ready(server.http_url)
+        assert "checked" in ready and len(ready) == 3
+        assert _metric(server, "trident_model_on_demand_loaded") == 2
     finally:
         server.stop()
 

@@ -356,6 +356,7 @@ class ModelRepository:
             await self._load(name, config, files, gate=gate)
             rec = self._records[name]
             rec.explicit = True
+            rec.on_demand = False  # pinned: loaded by the user now
             rec.override = (config, files) if config is not None else None
             await self._resume_dependents(name)
         finally:
@@ -791,7 +792,7 @@ class ModelRepository:
                     if rec is None and name not in self.scan():
                         load.unknown = True
                         raise not_found(f"Request for unknown model: '{name}' is not found")
-                    await self._make_room(name)
+                    evicted = await self._make_room(name)
                     before = resident_bytes()
                     await self._load(name)
                     heap.settle()
@@ -799,6 +800,8 @@ class ModelRepository:
                     rec.on_demand = not rec.explicit
                     od.measured(name, resident_bytes() - before)
                     od.loads += 1
+                    if evicted:  # what the unloaded models freed after their unload ended goes back too
+                        await trio.to_thread.run_sync(give_back_memory, limiter=self._io_limiter)
                     log.info("loaded '%s' on demand, counted as %d resident bytes (%s)", name, od.sizes[name],
                              self._budget_text())
                 od.tick += 1
@@ -818,11 +821,13 @@ class ModelRepository:
             od.pending.pop(name, None)
             load.done.set()
 
-    async def _make_room(self, name: str) -> None:
+    async def _make_room(self, name: str) -> int:
         """Unload the least recently used idle models loaded on demand until ``name`` fits the
-        budgets, waiting for a busy one to go idle when the idle ones are not enough."""
+        budgets, waiting for a busy one to go idle when the idle ones are not enough. Returns
+        how many were unloaded."""
         od = self.on_demand
         assert od is not None
+        evicted = 0
         while True:
             composing = {dep for r in self._records.values() if r.versions for dep, _ in r.composing}
             resident = [Resident(r.name, r.used, r.name not in composing and all(
@@ -835,6 +840,7 @@ class ModelRepository:
                 async with rec.lock:
                     await self._unload_record(rec)
                 od.evictions += 1
+                evicted += 1
                 log.info("unloaded '%s', the least recently used model loaded on demand, to make room for '%s'",
                          victim, name)
                 if nested:
@@ -842,7 +848,7 @@ class ModelRepository:
             if victims:
                 await trio.to_thread.run_sync(give_back_memory, limiter=self._io_limiter)
             if enough:
-                return
+                return evicted
             busy = [r for r in resident if not r.idle and r.name not in composing]
             if busy:  # the least recently used busy one: wait until its requests are done (or a while)
                 oldest = self._records[min(busy, key=lambda r: r.used).name]
