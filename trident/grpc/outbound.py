@@ -18,8 +18,9 @@ time (:class:`trident.sockets_io.SocketIO`):
   window opens for it) and wakes the connection's watchdog by the send timeout (``on_stall``),
   which resets a stream stalled that long; the message bytes such sends hold are counted in
   :data:`trident.sockets_io.BACKLOG`. What a stalled stream pins is bounded by its one
-  message in progress (``max_message_size``) and the socket's write by the frames of one
-  flush.
+  message in progress (``max_message_size``; a bidirectional stream's other answers wait for
+  the call's send lock, bounded by its handler's requests in flight) and the socket's write
+  by the frames of one flush.
 """
 
 from __future__ import annotations
