@@ -97,10 +97,14 @@ def _assert_unknown(http_url: str, grpc_url: str, model: str) -> None:
     assert e.value.status() == "StatusCode.NOT_FOUND" and "unknown model" in e.value.message()
 
 
-def test_a_model_loading_at_start_up_is_unavailable_not_unknown(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_model_loading_at_start_up_is_unavailable_not_unknown(tmp_path: Path, workers: str) -> None:
+    """Alone and with --workers 2 (each worker answers for itself while the supervisor drives
+    the load; every call here opens connections of its own, so both workers answer)."""
     repo = tmp_path / "repo"
-    _slow_model(repo, "slow_init", 6)
+    _slow_model(repo, "slow_init", 8 if workers == "2" else 6)
     proc = subprocess.Popen([sys.executable, "-m", "trident", "serve", "--model-repository", str(repo),
+                             "--workers", workers,
                              "--http-address", LOOP, "--grpc-address", LOOP, "--metrics-address", LOOP,
                              "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -116,7 +120,8 @@ def test_a_model_loading_at_start_up_is_unavailable_not_unknown(tmp_path: Path) 
                 ports[m.group(1)] = int(m.group(2))
         assert len(ports) == 2, "".join(lines)
         http_url, grpc_url = f"{LOOP}:{ports['HTTPService']}", f"{LOOP}:{ports['GRPCInferenceService']}"
-        _assert_loading(http_url, grpc_url, "slow_init")
+        for _ in range(2 if workers == "2" else 1):
+            _assert_loading(http_url, grpc_url, "slow_init")
         assert not any("model loading complete" in line for line in lines)  # it was still loading
         index = httpx.post(f"http://{http_url}/v2/repository/index", json={}, timeout=10).json()
         assert {"name": "slow_init", "state": "LOADING"}.items() <= index[0].items()
@@ -126,8 +131,9 @@ def test_a_model_loading_at_start_up_is_unavailable_not_unknown(tmp_path: Path) 
             lines.append(line)
             if "model loading complete" in line:
                 break
-        _http_infer(http_url, "slow_init")
-        _grpc_infer(grpc_url, "slow_init")
+        for _ in range(2 if workers == "2" else 1):
+            _http_infer(http_url, "slow_init")
+            _grpc_infer(grpc_url, "slow_init")
         _assert_unknown(http_url, grpc_url, "no_such_model")
     finally:
         proc.terminate()
