@@ -37,6 +37,7 @@ def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cancel-running-repo")
     write_long_model(root, "long_onnxruntime", "onnxruntime")
     write_long_model(root, "long_openvino", "openvino")
+    write_long_model(root, "long_queued", "onnxruntime", "dynamic_batching { }")
     # two requests form one batch (the second arrives well within the queue delay)
     write_long_model(root, "long_batch", "onnxruntime",
                      "dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 30000000 }")
@@ -126,9 +127,12 @@ def leave(how: str, server, client: grpcclient.InferenceServerClient, model: str
     return outcome
 
 
-@pytest.mark.parametrize("how", ["grpc-cancel", "grpc-deadline", "http-disconnect"])
-def test_a_run_whose_client_left_is_stopped_and_frees_the_instance(server, how):
-    model = "long_onnxruntime"
+@pytest.mark.parametrize(("model", "how"), [
+    ("long_onnxruntime", "grpc-cancel"), ("long_onnxruntime", "grpc-deadline"), ("long_onnxruntime", "http-disconnect"),
+    # through the dynamic batcher's queue: the batch runs in the instance's worker task
+    ("long_queued", "grpc-cancel"), ("long_queued", "http-disconnect"),
+])
+def test_a_run_whose_client_left_is_stopped_and_frees_the_instance(server, model, how):
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         count, projected = size_long_run(client, model)
         reference = client.infer(model, grpc_inputs(7, base=1.0)).as_numpy("OUTPUT1")
