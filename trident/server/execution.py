@@ -206,7 +206,8 @@ class Interrupter:
     of an ``interruptible`` instance): registered with each request of the call (``on_cancel``),
     it calls the instance's ``interrupt()`` on trio's thread when the last one is cancelled, as
     long as the executor has not seen the call return (:attr:`done`). A batch with one live
-    request runs on. Made per call on an instance's thread, only for interruptible instances.
+    request runs on. Made on trio's thread for each call that goes to an interruptible
+    instance's thread (inline calls cannot be interrupted: they hold the loop).
     """
 
     __slots__ = ("instance", "requests", "token", "thread", "done", "fired")
