@@ -1,8 +1,16 @@
-"""Admitting a request: its check against the inputs and outputs a model declares.
+"""Admitting a request: its check against the inputs and outputs a model declares, and load shedding.
 
 A model version (trident.server.model.ModelVersion) and an ensemble (:mod:`.ensemble`) read their
 declared tensors once (:func:`tensor_specs`) and check every request against them before it is
 queued (:func:`validate_request`), with Triton's wording.
+
+Load shedding (trident's own; :func:`queue_delay_target_us`, :class:`LoadShedder`): a model with a
+queue-delay target refuses a new request at admission, UNAVAILABLE with a retry delay, when the
+queue delay it would see is estimated above the target. The estimate is the requests queued
+ahead times the recent interval between the model's completions (an average of the gaps between
+completions, each capped at its own execution time, so idle time between requests does not
+count; several instances and batches shorten it, as they shorten the wait). Pure arithmetic on
+numbers the model version hands in: no clock, no trio.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from trident import config as cfg
-from trident.errors import invalid_arg
+from trident.errors import TritonError, invalid_arg, overloaded
 from trident.protocol.generated.inference import ModelConfig
 from trident.types import InferenceRequest, Tensor, TensorSpec
 
@@ -138,3 +146,82 @@ def _dims_match(shape: list[int], dims: list[int]) -> bool:
 
 def _fmt(shape: list[int]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+#: the config.pbtxt parameter of a model's queue-delay target in microseconds (0: no shedding,
+#: whatever ``--queue-delay-target-ms`` says)
+QUEUE_DELAY_PARAMETER = "TRIDENT_QUEUE_DELAY_TARGET_US"
+MAX_QUEUE_DELAY_TARGET_US = 3_600_000_000  # an hour: a target beyond it is a mistake
+QUEUE_DELAY_REFUSED = "Exceeds queue delay target"
+
+
+def queue_delay_target_us(config: ModelConfig, default_us: int) -> int:
+    """The model's queue-delay target in µs: its :data:`QUEUE_DELAY_PARAMETER`, else
+    ``default_us`` (the server's ``--queue-delay-target-ms``); 0 is off.
+
+    Raises TritonError(INVALID_ARG) naming the parameter when it is not a whole number of
+    microseconds in 0 .. :data:`MAX_QUEUE_DELAY_TARGET_US`.
+    """
+    param = config.parameters.get(QUEUE_DELAY_PARAMETER)
+    if param is None:
+        return default_us
+    text = param.string_value.strip()
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_QUEUE_DELAY_TARGET_US:
+        raise invalid_arg(f"parameter {QUEUE_DELAY_PARAMETER} of model '{config.name}' must be a whole number of "
+                          f"microseconds from 0 (off) to {MAX_QUEUE_DELAY_TARGET_US}, got '{param.string_value}'")
+    return value
+
+
+class LoadShedder:
+    """One model version's queue-delay target: :meth:`admit` refuses a request whose estimated
+    queue delay is above it, :meth:`served` learns the interval between completions.
+
+    The estimate needs a completion to start from: until the model has answered a request it
+    admits everything. It follows the queue: once the queue is short again (empty: at once)
+    requests are admitted, there is no hold-off.
+    """
+
+    __slots__ = ("name", "target_ns", "interval_ns", "last_end_ns", "refused")
+
+    def __init__(self, name: str, target_us: int) -> None:
+        self.name = name
+        self.target_ns = target_us * 1000
+        #: the recent interval between completions (ns; an average with weight 1/8 on the latest)
+        self.interval_ns = 0
+        self.last_end_ns = 0
+        self.refused = 0  # requests refused (trident_inference_shed_count)
+
+    def estimate_ns(self, queued: int) -> int:
+        """The queue delay a request arriving behind ``queued`` requests is estimated to see."""
+        return queued * self.interval_ns
+
+    def admit(self, queued: int) -> None:
+        """Admit a request arriving behind ``queued`` requests, or raise TritonError(UNAVAILABLE)
+        "Exceeds queue delay target" with the seconds to wait (``retry_after_s``)."""
+        estimate = queued * self.interval_ns
+        if estimate > self.target_ns:
+            raise self._refuse(estimate)
+
+    def _refuse(self, estimate_ns: int) -> TritonError:
+        self.refused += 1
+        return overloaded(f"{QUEUE_DELAY_REFUSED} for model '{self.name}': estimated queue delay "
+                          f"{estimate_ns // 1000} us, target {self.target_ns // 1000} us",
+                          -(-estimate_ns // 1_000_000_000))
+
+    def served(self, start_ns: int, end_ns: int) -> None:
+        """A request whose execution ran from ``start_ns`` to ``end_ns`` (monotonic ns) is done."""
+        gap = end_ns - self.last_end_ns
+        busy = end_ns - start_ns
+        sample = gap if gap < busy else busy
+        if sample < 0:
+            sample = 0
+        if end_ns > self.last_end_ns:
+            self.last_end_ns = end_ns
+        if self.interval_ns == 0:
+            self.interval_ns = sample
+        else:
+            self.interval_ns += (sample - self.interval_ns) >> 3

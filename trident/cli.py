@@ -133,6 +133,17 @@ def _milliseconds(text: str) -> float:
     return v
 
 
+MAX_QUEUE_DELAY_TARGET_MS = 3_600_000  # an hour (batching.admission.MAX_QUEUE_DELAY_TARGET_US)
+
+
+def _queue_delay_target(text: str) -> float:
+    """``--queue-delay-target-ms``: milliseconds from 0 (off) to an hour."""
+    v = _milliseconds(text)
+    if v > MAX_QUEUE_DELAY_TARGET_MS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_QUEUE_DELAY_TARGET_MS} milliseconds, got '{text}'")
+    return v
+
+
 def _log_verbose(text: str) -> int:
     """tritonserver's ``--log-verbose``: true (1), false (0) in any case, or an integer level
     (below 0: off)."""
@@ -550,6 +561,12 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                    help="gate instance executions on their rate_limiter resources")
     r.add_argument("--rate-limit-resource", action="append", dest="rate_limit_resources", default=[],
                    metavar="NAME:COUNT[:DEVICE]", help="copies of a rate-limiter resource (repeatable)")
+
+    ls = serve.add_argument_group("Load Shedding")
+    ls.add_argument("--queue-delay-target-ms", type=_queue_delay_target, default=d.queue_delay_target_ms,
+                    metavar="MS", help="refuse a new request (503 / UNAVAILABLE) when the queue delay it would see "
+                    "is estimated above this; a model's TRIDENT_QUEUE_DELAY_TARGET_US parameter overrides it "
+                    "(0: off, the default)")
 
     mm = serve.add_argument_group("Memory/Device Management")
     for name in ("--pinned-memory-pool-byte-size", "--cuda-memory-pool-byte-size", "--cuda-virtual-address-size",

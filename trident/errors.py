@@ -84,6 +84,9 @@ class TritonError(Exception):
     def __repr__(self) -> str:
         return f"TritonError({self.code.name}, {self.message!r})"
 
+    #: seconds a client should wait before it tries again (HTTP ``Retry-After``); 0: not said
+    retry_after_s = 0
+
     @property
     def http_status(self) -> int:
         return http_status(self.code)
@@ -103,6 +106,14 @@ def not_found(message: str) -> TritonError:
 
 def unavailable(message: str) -> TritonError:
     return TritonError(Code.UNAVAILABLE, message)
+
+
+def overloaded(message: str, retry_after_s: int) -> TritonError:
+    """UNAVAILABLE for a request refused because the model is overloaded (load shedding), with
+    the seconds to wait before trying again (at least 1)."""
+    error = TritonError(Code.UNAVAILABLE, message)
+    error.retry_after_s = max(1, int(retry_after_s))
+    return error
 
 
 def unsupported(message: str) -> TritonError:

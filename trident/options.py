@@ -102,6 +102,9 @@ class ServerOptions:
     rate_limit: str = "off"  # off | execution_count
     rate_limit_resources: list[str] = field(default_factory=list)  # <name>:<count>[:<device>]
     cache_config: list[str] = field(default_factory=list)  # <cache>,<key>=<value> (local,size=N)
+    # trident's own: refuse a request whose estimated queue delay is above this (0: off; a model's
+    # TRIDENT_QUEUE_DELAY_TARGET_US parameter overrides it; trident.batching.admission)
+    queue_delay_target_ms: float = 0.0
     # logging
     log_verbose: int = 0
     log_info: bool = True

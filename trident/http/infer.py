@@ -114,6 +114,9 @@ class InferEndpoint:
         path = f"/v2/models/{name}/versions/{version}/infer" if version else f"/v2/models/{name}/infer"
         status, body = error_reply(exc, "POST", path)
         # a traceback's frames may hold a large decoded request: the caller drops them with exc
+        retry_after = getattr(exc, "retry_after_s", 0)  # load shedding: when to try again
+        if retry_after:
+            return status, [JSON, (b"retry-after", b"%d" % retry_after)], [body]
         return status, [JSON], [body]
 
     def _prepare(self, headers: Headers, request: InferenceRequest) -> kserve.ShmOutputLookup | None:

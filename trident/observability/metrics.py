@@ -114,6 +114,9 @@ class ModelStatsCollector(Collector):
         first = _family("nv_inference_first_response_histogram_ms",
                         "Duration from request to first response in milliseconds", "histogram")
         cache = [_family(name, doc, "counter") for name, doc in _CACHE]
+        shed = _family("trident_inference_shed_count",
+                       "Requests refused at admission because their estimated queue delay was above the "
+                       "model's queue-delay target (load shedding)", "counter")
         for mv in self.server.repository.serving():
             s = mv.stats.snapshot()
             lv = self.labels_of(mv)
@@ -123,6 +126,9 @@ class ModelStatsCollector(Collector):
             count.add_sample(count.name, lv, s.inference_count)
             execs.add_sample(execs.name, lv, s.execution_count)
             pending.add_sample(pending.name, lv, mv.queued())
+            shedder = getattr(mv, "shedder", None)
+            if shedder is not None:
+                shed.add_sample(shed.name, lv, shedder.refused)
             load.add_sample(load.name, lv, float(getattr(mv, "load_duration_s", 0.0)))
             if self.config.counter_latencies:
                 values = ((s.success.ns + s.fail.ns), s.queue.ns, s.compute_input.ns, s.compute_infer.ns,
@@ -145,7 +151,7 @@ class ModelStatsCollector(Collector):
                 cached = (s.cache_hit.count, s.cache_miss.count, s.cache_hit.ns // 1000, s.cache_miss.ns // 1000)
                 for fam, v in zip(cache, cached, strict=True):
                     fam.add_sample(fam.name, lv, v)
-        families = [success, failure, count, execs, pending, load]
+        families = [success, failure, count, execs, pending, load, shed]
         if self.config.counter_latencies:
             families += durations
         if self.config.summary_latencies:

@@ -32,7 +32,13 @@ from trident import config as cfg
 from trident.backends import Backend, LoadContext, ModelInstance
 from trident.backends.base import NoThreads, Threads
 from trident.batching import make_scheduler
-from trident.batching.admission import tensor_specs, validate_request
+from trident.batching.admission import (
+    QUEUE_DELAY_PARAMETER,
+    LoadShedder,
+    queue_delay_target_us,
+    tensor_specs,
+    validate_request,
+)
 from trident.batching.cache import request_key
 from trident.batching.ensemble import EnsembleRequest, EnsembleScheduler, Resolve
 from trident.batching.ensemble_plan import EnsemblePlan
@@ -40,7 +46,7 @@ from trident.batching.instances import InstanceSpec, instance_specs
 from trident.batching.scheduler import Scheduler
 from trident.batching.warmup import WarmupSample, warm_up, warmup_samples
 from trident.config import INLINE_MODES, INLINE_PARAMETER
-from trident.errors import Code, TritonError, internal, unavailable
+from trident.errors import Code, TritonError, internal, unavailable, unsupported
 from trident.observability.model_metrics import observer_for
 from trident.observability.stats import BACKEND, CANCELED, OTHER, REJECTED, StatsRecorder
 from trident.protocol.generated.inference import ModelConfig
@@ -121,6 +127,8 @@ class ModelVersion:
         self.scheduler: Scheduler = make_scheduler(config, self.on_drop, rate_limiter=rate_limiter,
                                                    model_dir=model_dir)
         self.inputs, self.outputs = tensor_specs(config, model_dir)
+        #: the queue-delay target (load shedding; set at load by :meth:`_start_shedding`), None: off
+        self.shedder: LoadShedder | None = None
         #: input signatures that passed :meth:`validate` (admission.validate_request's table)
         self._signatures: dict[tuple[tuple[str, str, tuple[int, ...]], ...], int] = {}
         #: an ensemble's scheduler (``platform: "ensemble"``; ``resolve`` finds the composing
@@ -147,6 +155,7 @@ class ModelVersion:
             self.stopped.set()
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
+        self._start_shedding()
         if self.ensemble is not None:
             self.ensemble.start()
             self.state = "READY"
@@ -171,6 +180,26 @@ class ModelVersion:
         await self._finalize(instances)
         self.state = "UNAVAILABLE"
         self.reason = "unloaded"
+
+    def _start_shedding(self) -> None:
+        """The queue-delay target: the model's parameter, else the server's default, for a model
+        whose requests wait in the dynamic batcher's (or default scheduler's) queue.
+
+        Raises TritonError: INVALID_ARG for a bad parameter, UNSUPPORTED for the parameter on an
+        ensemble or a sequence model (the server's default leaves those alone).
+        """
+        options = getattr(self._server, "options", None)
+        default_us = int(float(getattr(options, "queue_delay_target_ms", 0) or 0) * 1000)
+        target_us = queue_delay_target_us(self.config, default_us)
+        if not target_us:
+            return
+        if self.ensemble is not None or self.config.sequence_batching is not None:
+            if QUEUE_DELAY_PARAMETER in self.config.parameters:
+                raise unsupported(f"parameter {QUEUE_DELAY_PARAMETER} of model '{self.name}' applies to models "
+                                  "with dynamic_batching or the default scheduler, not to ensembles (their "
+                                  "composing models shed) or sequence models")
+            return
+        self.shedder = LoadShedder(self.name, target_us)
 
     def request_unload(self) -> None:
         """Stop accepting requests; :meth:`serve` drains, finalizes and returns."""
@@ -472,10 +501,18 @@ class ModelVersion:
 
     def _admit(self, request: InferenceRequest) -> int:
         """The request's batch size, once it may run. Raises TritonError: UNAVAILABLE when the
-        version is not serving, INVALID_ARG for a bad request."""
+        version is not serving or its queue-delay target refuses the request (load shedding:
+        :class:`~trident.batching.admission.LoadShedder`), INVALID_ARG for a bad request."""
         if self.state != "READY":
             raise unavailable(f"model '{self.name}' version {self.version} is not ready (state {self.state})")
-        return self.validate(request)
+        batch_size = self.validate(request)
+        if self.shedder is not None:
+            try:
+                self.shedder.admit(self.scheduler.queued())
+            except TritonError:
+                self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=REJECTED)
+                raise
+        return batch_size
 
     async def _drive(self, handle: RequestHandle, send: SendResponse, request: InferenceRequest, batch_size: int,
                      trace: Any) -> None:
@@ -632,6 +669,8 @@ class ModelVersion:
 
     def _record(self, pending: Pending, error: TritonError | None) -> None:
         now = time.monotonic_ns()
+        if self.shedder is not None and pending.exec_ns is not None:
+            self.shedder.served(pending.exec_ns[0], pending.exec_ns[3])
         request_ns = now - pending.request.arrival_ns
         if error is not None:
             rejected = pending.exec_ns is None and error.code == Code.UNAVAILABLE

@@ -1,5 +1,5 @@
 """Admission checks (batching/admission.py): the table of known input signatures gives the same
-answers as the full check."""
+answers as the full check; the queue-delay target's parameter and the load shedder's estimate."""
 
 from __future__ import annotations
 
@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 from trident.batching import admission
-from trident.batching.admission import validate_request
+from trident.batching.admission import (
+    MAX_QUEUE_DELAY_TARGET_US,
+    QUEUE_DELAY_PARAMETER,
+    LoadShedder,
+    queue_delay_target_us,
+    validate_request,
+)
 from trident.errors import Code, TritonError
+from trident.protocol.generated.inference import ModelConfig, ModelParameter
 from trident.types import InferenceRequest, RequestedOutput, Tensor, TensorSpec
 
 INPUTS = {"IN": TensorSpec("IN", "FP32", [4]), "OPT": TensorSpec("OPT", "INT32", [1], optional=True)}
@@ -103,3 +110,66 @@ def test_the_table_is_bounded():
         assert 1 <= len(known) <= admission.SIGNATURES
     assert len(known) == 3  # emptied when full, then the last three
     assert (("IN", "FP32", (admission.SIGNATURES + 3, 4)),) in known
+
+
+# ---- load shedding ------------------------------------------------------------------------------
+
+def _config_with_target(value: str | None) -> ModelConfig:
+    config = ModelConfig(name="m")
+    if value is not None:
+        config.parameters[QUEUE_DELAY_PARAMETER] = ModelParameter(string_value=value)
+    return config
+
+
+def test_queue_delay_target_parameter_overrides_the_default() -> None:
+    assert queue_delay_target_us(_config_with_target(None), 5000) == 5000
+    assert queue_delay_target_us(_config_with_target(" 250000 "), 5000) == 250000
+    assert queue_delay_target_us(_config_with_target("0"), 5000) == 0  # the model opts out
+
+
+@pytest.mark.parametrize("value", ["-1", "fast", "1.5", "", str(MAX_QUEUE_DELAY_TARGET_US + 1)])
+def test_bad_queue_delay_target_is_invalid_arg_naming_it(value: str) -> None:
+    with pytest.raises(TritonError) as info:
+        queue_delay_target_us(_config_with_target(value), 0)
+    assert info.value.code == Code.INVALID_ARG
+    assert QUEUE_DELAY_PARAMETER in info.value.message and f"'{value}'" in info.value.message
+
+
+def test_shedder_refuses_above_the_target_and_admits_once_the_queue_is_short() -> None:
+    shed = LoadShedder("m", 100_000)  # 100 ms
+    for queued in (0, 5, 1000):
+        shed.admit(queued)  # no completion seen yet: no estimate, everything is admitted
+    shed.served(0, 50_000_000)  # one request took 50 ms
+    assert shed.interval_ns == 50_000_000
+    shed.admit(2)  # 100 ms: at the target
+    with pytest.raises(TritonError) as info:
+        shed.admit(3)  # 150 ms
+    assert info.value.code == Code.UNAVAILABLE and "Exceeds queue delay target" in info.value.message
+    assert info.value.retry_after_s == 1
+    assert shed.refused == 1
+    shed.admit(0)  # the queue drained: admitted at once
+    assert shed.refused == 1
+
+
+def test_shedder_interval_ignores_idle_time_and_follows_batches_and_instances() -> None:
+    shed = LoadShedder("m", 1_000_000)
+    shed.served(0, 10_000_000)
+    shed.served(5_000_000_000, 5_010_000_000)  # after 5 s idle: the 10 ms execution counts, not the gap
+    assert shed.interval_ns == 10_000_000
+    # a batch of 4 requests run in 40 ms: completions 40 ms apart, 4 at a time -> ~10 ms a request
+    shed = LoadShedder("m", 1_000_000)
+    end = 0
+    for _ in range(200):
+        start, end = end, end + 40_000_000
+        for _ in range(4):
+            shed.served(start, end)
+    assert 5_000_000 < shed.interval_ns < 15_000_000
+    # two instances of 20 ms each, staggered: a completion every 10 ms
+    shed = LoadShedder("m", 1_000_000)
+    for i in range(200):
+        end = 20_000_000 + i * 10_000_000
+        shed.served(end - 20_000_000, end)
+    assert shed.interval_ns == 10_000_000
+    # an out-of-order completion (earlier end) counts as no interval
+    shed.served(0, end - 5_000_000)
+    assert shed.interval_ns < 10_000_000
