@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from trident.cli import build_parser, options_from_args
 from trident.options import ServerOptions
 from trident.server.on_demand import OnDemand, Resident, choose_evictions, options_problem
 
@@ -67,3 +70,38 @@ def test_good_options_pass() -> None:
     assert options_problem(ServerOptions()) is None
     assert options_problem(ServerOptions(model_control_mode="explicit", model_load_on_demand=True,
                                          model_budget_count=10, model_budget_memory=1 << 30)) is None
+
+
+ON_DEMAND = ("--model-control-mode=explicit", "--model-load-on-demand=true")
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ((*ON_DEMAND, "--model-budget-count=0"), "--model-budget-count must be from 1 to"),
+    ((*ON_DEMAND, "--model-budget-count=-3"), "--model-budget-count must be from 1 to"),
+    ((*ON_DEMAND, "--model-budget-count=10000000"), "--model-budget-count must be from 1 to"),
+    ((*ON_DEMAND, "--model-budget-memory=0"), "--model-budget-memory must be at least"),
+    ((*ON_DEMAND, "--model-budget-memory=-1M"), "--model-budget-memory must be at least"),
+    ((*ON_DEMAND, "--model-budget-memory=1000000G"), "more than this machine's memory"),
+    ((*ON_DEMAND, "--model-load-on-demand-timeout-secs=0"), "--model-load-on-demand-timeout-secs must be more than 0"),
+    (("--model-load-on-demand=true",), "needs --model-control-mode=explicit"),
+    (("--model-control-mode=poll", "--model-load-on-demand=true"), "needs --model-control-mode=explicit"),
+    (("--model-control-mode=explicit", "--model-budget-count=5"), "--model-budget-count needs --model-load-on-demand"),
+    ((*ON_DEMAND, "--workers=2"), "not supported with --workers"),
+])
+def test_the_command_line_refuses_bad_on_demand_flags(flags: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        options_from_args(build_parser().parse_args(["serve", *flags]))
+
+
+@pytest.mark.parametrize("value", ["abc", "1.5.5G", ""])
+def test_a_memory_budget_that_is_not_a_size_is_an_argument_error(value: str) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", *ON_DEMAND, f"--model-budget-memory={value}"])
+
+
+def test_the_command_line_takes_on_demand_flags() -> None:
+    o = options_from_args(build_parser().parse_args(
+        ["serve", *ON_DEMAND, "--model-budget-count=10", "--model-budget-memory=512M",
+         "--model-load-on-demand-timeout-secs=5"]))
+    assert (o.model_load_on_demand, o.model_budget_count, o.model_budget_memory,
+            o.model_load_on_demand_timeout_secs) == (True, 10, 512 << 20, 5.0)
