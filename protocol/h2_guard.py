@@ -9,7 +9,11 @@ changes the bytes; it says
   connection's flood of tiny frames cannot hold the event loop for a whole read); the plain
   DATA frames that follow a DATA frame (a large message in small frames, a few lines each in
   the engine) count half, so a slice holds up to twice as many of them (a 1 MiB message in
-  16 KiB frames: one slice);
+  16 KiB frames: one slice); a HEADERS or CONTINUATION frame that ends a header block of
+  ``slice_header_bytes`` or more (which the engine decodes as that frame completes) counts
+  as many frames as its block is that many bytes of a whole slice, so a slice decodes at
+  most about ``slice_header_bytes`` of large blocks (a flood of 60 KB Huffman-coded headers
+  on one connection: one block per slice, the other clients served in between);
 * when the client abuses the connection, with the reason to put in a GOAWAY
   ENHANCE_YOUR_CALM: too many RST_STREAM frames (rapid reset, CVE-2023-44487), too many
   control or zero-progress frames (SETTINGS, PING, WINDOW_UPDATE, PRIORITY, unknown types,
@@ -63,6 +67,8 @@ class GuardLimits:
     control_rate: float = 100.0  # ... refilled per second; +4 per DATA frame the server sends
     max_header_block: int = 256 * 1024  # bytes of one HEADERS + CONTINUATION block, compressed
     slice_frames: int = 64  # frames handed to the HTTP/2 engine between two checkpoints
+    #: header block bytes (compressed) decoded per slice: a larger block ends its slice
+    slice_header_bytes: int = 16 * 1024
 
 
 class TokenBucket:
@@ -116,6 +122,7 @@ class FrameGuard:
         self._header = bytearray()  # a frame header split across chunks
         self._skip = 0  # payload bytes of the current frame still to pass
         self._want_pad = False  # the current frame is a PADDED DATA frame whose pad length is next
+        self._skip_cost = 0  # slice units the current frame costs when its payload completes (a block's decode)
         self._data_length = 0  # payload length of that DATA frame
         self._block = -1  # bytes of the header block in progress (-1: none)
         self._handshake = False  # preface and the first frame (SETTINGS) have passed
@@ -160,6 +167,7 @@ class FrameGuard:
             pos = min(self._preface, end)
             self._preface -= pos
         units = 2 * self.limits.slice_frames  # per slice: a frame costs 2, a run's plain DATA frame 1
+        header_bytes = self.limits.slice_header_bytes  # ... a large header block a share of the slice
         since_cut = 0
         while pos < end:
             if self._skip:
@@ -170,8 +178,11 @@ class FrameGuard:
                 take = min(self._skip, end - pos)
                 self._skip -= take
                 pos += take
-                if not self._skip and not self._handshake:
-                    self._handshake = True
+                if not self._skip:
+                    if not self._handshake:
+                        self._handshake = True
+                    since_cut += self._skip_cost  # the engine decodes the block as the frame completes
+                    self._skip_cost = 0
                 continue
             # a frame header, maybe split across chunks
             if self._header or end - pos < FRAME_HEADER_SIZE:
@@ -190,11 +201,15 @@ class FrameGuard:
                 pos += FRAME_HEADER_SIZE
             length = (header[hpos] << 16) | (header[hpos + 1] << 8) | header[hpos + 2]
             self.frames += 1
-            if since_cut >= units - 1 and start > 0:  # no room left for a frame
+            kind = header[hpos + 3]
+            cost = 2
+            if kind == HEADERS or kind == CONTINUATION:
+                block = length if kind == HEADERS else self._block + length
+                if block >= header_bytes and header[hpos + 4] & FLAG_END_HEADERS:  # decoded as it completes
+                    cost += block * units // header_bytes
+            if since_cut + cost > units and since_cut and start > 0:  # no room left for the frame
                 cuts.append(start)
                 since_cut = 0
-            since_cut += 2
-            kind = header[hpos + 3]
             plain = kind == DATA and length and self._block < 0 and not header[hpos + 4] & FLAG_PADDED
             if not plain and not self._check(kind, header[hpos + 4], length, now, start):
                 return cuts
@@ -203,6 +218,7 @@ class FrameGuard:
                 return cuts
             if length:
                 if length <= end - pos and not self._want_pad:  # the whole payload is here: pass it
+                    since_cut += cost
                     pos += length
                     if not self._handshake:
                         self._handshake = True
@@ -210,8 +226,12 @@ class FrameGuard:
                         pos, since_cut = self._plain_data(data, pos, end, since_cut, units)
                 else:
                     self._skip = length
-            elif not self._handshake:
-                self._handshake = True
+                    since_cut += 2
+                    self._skip_cost = cost - 2
+            else:
+                since_cut += cost
+                if not self._handshake:
+                    self._handshake = True
         return cuts
 
     def _plain_data(self, data: bytes | bytearray | memoryview, pos: int, end: int, since_cut: int,

@@ -1,4 +1,5 @@
-"""HTTP/2 header blocks, sans-IO: HPACK (RFC 7541, the ``hpack`` library) with caches, and the
+"""HTTP/2 header blocks, sans-IO: HPACK (RFC 7541: decoding :mod:`trident.protocol.hpack_decoder`,
+encoding the ``hpack`` library's) with caches, and the
 request/trailer validation of RFC 9113 §8 (the checks h2 makes, as gRPC needs them).
 
 :class:`HeaderCodec` decodes the client's header blocks and encodes the server's. Its decode
@@ -17,6 +18,8 @@ from collections.abc import Sequence
 
 import hpack
 from hpack.exceptions import HPACKDecodingError
+
+from trident.protocol.hpack_decoder import Decoder
 
 _CONNECTION_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
                                  b"upgrade"})
@@ -37,11 +40,11 @@ Headers = tuple[tuple[bytes, bytes], ...]
 
 class HeaderCodec:
     """One connection's HPACK state (see the module docstring). ``max_header_list`` bounds a
-    decoded list (hpack raises OversizedHeaderListError beyond it); ``cache=False`` turns the
+    decoded list (OversizedHeaderListError beyond it); ``cache=False`` turns the
     caches off."""
 
     def __init__(self, max_header_list: int, *, cache: bool = True) -> None:
-        self.decoder = hpack.Decoder(max_header_list_size=max_header_list)
+        self.decoder = Decoder(max_header_list)
         self.encoder = hpack.Encoder()
         self.decode_cache: dict[bytes, tuple[Headers, str | None]] = {}
         self.encode_cache: dict[Headers, bytes] = {}
@@ -62,8 +65,8 @@ class HeaderCodec:
             return hit
         self.misses += 1
         try:
-            headers = tuple(self.decoder.decode(block, raw=True))
-        except (IndexError, TypeError, ValueError) as e:  # hpack lets a few of these through
+            headers = tuple(self.decoder.decode(block))
+        except (IndexError, TypeError, ValueError) as e:  # none expected: kept as a safety net
             raise HPACKDecodingError(str(e)) from None
         entry = (headers, validate_request_headers(headers) if headers else "empty header block")
         if table_neutral(block):

@@ -183,6 +183,56 @@ def test_a_run_of_plain_data_frames_counts_half_in_a_slice():
     assert guard.feed(data, 0.0) == [starts[6]]  # 2 + 5 halves: no room for 2 more
 
 
+HEADER_SLICES = GuardLimits(max_header_block=1 << 20, slice_frames=64, slice_header_bytes=16 * 1024)
+
+
+def starts_of(frames: list[bytes]) -> list[int]:
+    return [sum(map(len, frames[:i])) for i in range(len(frames))]
+
+
+def test_a_large_header_block_ends_its_slice():
+    """20 HEADERS frames with a 60 KB block each (a Huffman-coded header flood): one block per
+    slice, so the engine decodes one and other tasks run before the next."""
+    guard = started(HEADER_SLICES)
+    frames = [frame(HEADERS, FLAG_END_HEADERS, 2 * i + 1, b"h" * 60_000) for i in range(20)]
+    assert guard.feed(b"".join(frames), 0.0) == starts_of(frames)[1:]
+    # small frames before a large block: it starts a slice of its own
+    guard = started(HEADER_SLICES)
+    frames = [frame(PING, 0, 0, b"p" * 8)] * 3 + [frame(HEADERS, FLAG_END_HEADERS, 1, b"h" * 20_000),
+                                                  frame(HEADERS, FLAG_END_HEADERS, 3, b"h" * 100)]
+    starts = starts_of(frames)
+    assert guard.feed(b"".join(frames), 0.0) == [starts[3], starts[4]]
+
+
+def test_small_header_blocks_count_as_frames():
+    """Blocks under slice_header_bytes (every ordinary request) cost one frame each, as before."""
+    guard = started(HEADER_SLICES)
+    frames = [frame(HEADERS, FLAG_END_HEADERS | 0x1, 2 * i + 1, b"h" * 300) for i in range(130)]
+    starts = starts_of(frames)
+    assert guard.feed(b"".join(frames), 0.0) == [starts[64], starts[128]]
+    # several mid-sized blocks share a slice up to about slice_header_bytes
+    guard = started(HEADER_SLICES)
+    frames = [frame(HEADERS, FLAG_END_HEADERS, 2 * i + 1, b"h" * 6000) for i in range(6)]
+    assert guard.feed(b"".join(frames), 0.0) == []  # under the size: frames as usual
+    guard = started(dataclasses.replace(HEADER_SLICES, slice_header_bytes=8192))
+    frames = [frame(HEADERS, FLAG_END_HEADERS, 2 * i + 1, b"h" * 9000) for i in range(4)]
+    assert guard.feed(b"".join(frames), 0.0) == starts_of(frames)[1:]
+
+
+def test_a_large_block_in_continuation_frames_is_counted_where_it_ends():
+    """The engine decodes a block when its END_HEADERS frame completes: the whole block's cost
+    goes there, and a frame still arriving in the next chunk charges that chunk's slice."""
+    guard = started(HEADER_SLICES)
+    frames = [frame(HEADERS, 0, 1, b"h" * 16_000), frame(CONTINUATION, 0, 1, b"c" * 16_000),
+              frame(CONTINUATION, FLAG_END_HEADERS, 1, b"c" * 16_000), frame(HEADERS, FLAG_END_HEADERS, 3, b"h")]
+    starts = starts_of(frames)
+    assert guard.feed(b"".join(frames), 0.0) == [starts[2], starts[3]]
+    guard = started(HEADER_SLICES)
+    data = frame(HEADERS, FLAG_END_HEADERS, 1, b"h" * 60_000) + frame(PING, 0, 0, b"p" * 8)
+    assert guard.feed(data[:30_000], 0.0) == []
+    assert guard.feed(data[30_000:], 0.0) == [60_009 - 30_000]  # the PING after the block's slice
+
+
 def test_a_run_of_data_frames_is_counted_frame_by_frame_and_what_follows_is_still_checked():
     run = frame(DATA, 0, 1, b"x" * 100) * 30
     for flood, abuse in ((frame(DATA, 0, 1) * 11, TOO_MANY_CONTROL_FRAMES),  # empty DATA: zero progress
