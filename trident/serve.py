@@ -40,7 +40,7 @@ MALLOC_SETTINGS = ((-3, 32 << 20, "MALLOC_MMAP_THRESHOLD_"),  # M_MMAP_THRESHOLD
                    (-1, 128 << 20, "MALLOC_TRIM_THRESHOLD_"))  # M_TRIM_THRESHOLD: keep up to 128 MiB freed
 
 
-def tune_malloc() -> list[str]:
+def tune_malloc(keep_freed: bool = True) -> list[str]:
     """Keep freed tensor-sized blocks for reuse instead of returning them to the kernel.
 
     With glibc's defaults a freed block of a few MiB (a request body, a gRPC message, a
@@ -48,8 +48,9 @@ def tune_malloc() -> list[str]:
     in again (about 750 page faults per 1 MiB gRPC identity request here, half its CPU).
     Blocks up to 32 MiB now come from the heap, which keeps up to 128 MiB of free memory.
     A setting whose glibc environment variable is set (``MALLOC_MMAP_THRESHOLD_``,
-    ``MALLOC_TRIM_THRESHOLD_``) is left to it. Returns what was set ("name=value"); nothing
-    without glibc. Raises nothing.
+    ``MALLOC_TRIM_THRESHOLD_``) is left to it. ``keep_freed=False`` (models loaded on demand:
+    evicting one must give its memory back) leaves the trim threshold to glibc. Returns what was
+    set ("name=value"); nothing without glibc. Raises nothing.
     """
     import ctypes
 
@@ -59,6 +60,8 @@ def tune_malloc() -> list[str]:
         return []
     done = []
     for param, value, env in MALLOC_SETTINGS:
+        if param == -1 and not keep_freed:
+            continue
         if env not in os.environ and mallopt(param, value) == 1:
             done.append(f"{env.strip('_')}={value}")
     return done
@@ -173,7 +176,7 @@ async def serve(options: ServerOptions, *, link: WorkerLink | None = None) -> in
             return 1
         if link is None and not check_start(options):
             return 1
-        tuned = tune_malloc()
+        tuned = tune_malloc(keep_freed=not options.model_load_on_demand)
         if tuned:
             log.debug("malloc: %s", ", ".join(tuned))
         gone = trio_private.missing()

@@ -9,7 +9,7 @@ import sys
 _SCRIPT = """
 import resource, sys
 from trident.serve import tune_malloc
-tuned = tune_malloc() if sys.argv[1] == "tuned" else []
+tuned = tune_malloc(keep_freed=sys.argv[1] != "give-back") if sys.argv[1] != "plain" else []
 def churn():
     for _ in range(50):
         a = bytearray(3 << 20)   # a request-sized block, touched, then freed
@@ -40,4 +40,11 @@ def test_freed_blocks_are_reused_without_page_faults():
 
 def test_the_glibc_environment_variables_win():
     _, settings = _run("tuned", MALLOC_TRIM_THRESHOLD_="1000000")
+    assert settings == "MALLOC_MMAP_THRESHOLD=33554432"
+
+
+def test_models_on_demand_leave_the_trim_threshold_to_glibc():
+    """With --model-load-on-demand an evicted model's memory must go back: only the mmap
+    threshold is set."""
+    _, settings = _run("give-back")
     assert settings == "MALLOC_MMAP_THRESHOLD=33554432"
