@@ -318,3 +318,79 @@ async def flood(port: int, payload: bytes, *, host: str = "127.0.0.1", timeout: 
     finally:
         await trio.aclose_forcefully(sock)
     return seen
+
+
+def huffman_encode(data: bytes) -> bytes:
+    """``data`` Huffman-coded as HPACK strings are (RFC 7541 §5.2), in linear time (hpack's
+    encoder takes about a second for 80 KB)."""
+    from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
+
+    codes = [format(code, f"0{length}b") for code, length in zip(REQUEST_CODES, REQUEST_CODES_LENGTH, strict=False)]
+    bits = "".join(codes[byte] for byte in data)
+    bits += "1" * (-len(bits) % 8)  # padding: the most significant bits of EOS
+    return int(bits, 2).to_bytes(len(bits) // 8, "big") if bits else b""
+
+
+def huffman_literal(name: bytes, value: bytes) -> bytes:
+    """A header field never indexed (§6.2.3) with a new name, its value Huffman-coded: a block
+    can carry it any number of times and the decoder's dynamic table stays as it was."""
+    def string(prefix: int, raw: bytes) -> bytes:
+        n, out = len(raw), bytearray()
+        if n < 0x7F:
+            return bytes([prefix | n]) + raw
+        out.append(prefix | 0x7F)
+        n -= 0x7F
+        while n >= 0x80:
+            out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        out.append(n)
+        return bytes(out) + raw
+
+    return b"\x10" + string(0, name) + string(0x80, huffman_encode(value))
+
+
+async def exchange(port: int, payload: bytes, streams: list[int], *, host: str = "127.0.0.1",
+                   timeout: float = 30.0) -> dict[int, tuple[dict[bytes, bytes], bytes]]:
+    """Connect, send the preface, an empty SETTINGS and ``payload`` in one write, and read until
+    each of ``streams`` has ended (HEADERS or DATA with END_STREAM, or RST_STREAM). Returns per
+    stream its response headers and trailers (merged, decoded with the connection's HPACK
+    state; an RST_STREAM as ``b":reset"``) and its DATA. Raises trio.TooSlowError after
+    ``timeout``, AssertionError if the server closed the connection first."""
+    import hpack
+
+    decoder = hpack.Decoder()
+    fields: dict[int, dict[bytes, bytes]] = {sid: {} for sid in streams}
+    data: dict[int, bytearray] = {sid: bytearray() for sid in streams}
+    left = set(streams)
+    sock = await trio.open_tcp_stream(host, port)
+    try:
+        with trio.fail_after(timeout):
+            await sock.send_all(PREFACE + h2_frame(SETTINGS, 0, 0) + payload)
+            buf = bytearray()
+            while left:
+                chunk = await sock.receive_some(1 << 16)
+                assert chunk, f"the server closed the connection; streams {sorted(left)} not answered"
+                buf += chunk
+                while len(buf) >= 9:
+                    length = int.from_bytes(buf[:3], "big")
+                    if len(buf) < 9 + length:
+                        break
+                    kind, flags = buf[3], buf[4]
+                    sid = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+                    body = bytes(buf[9 : 9 + length])
+                    del buf[: 9 + length]
+                    if kind == HEADERS:  # the server sends END_HEADERS blocks without padding or priority
+                        decoded = dict(decoder.decode(body, raw=True))
+                        fields.setdefault(sid, {}).update(decoded)
+                    elif kind == DATA:
+                        data.setdefault(sid, bytearray()).extend(body)
+                    elif kind == RST_STREAM:
+                        fields.setdefault(sid, {})[b":reset"] = str(int.from_bytes(body, "big")).encode()
+                        left.discard(sid)
+                    elif kind == SETTINGS and not flags & ACK:
+                        await sock.send_all(h2_frame(SETTINGS, ACK, 0))
+                    if kind in (HEADERS, DATA) and flags & END_STREAM:
+                        left.discard(sid)
+    finally:
+        await trio.aclose_forcefully(sock)
+    return {sid: (fields[sid], bytes(data[sid])) for sid in streams}

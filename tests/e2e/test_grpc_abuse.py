@@ -16,18 +16,22 @@ import numpy as np
 import pytest
 import trio
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.service_pb2 as pb
 from e2e.grpc_raw import (
     CONTINUATION,
     DATA,
     END_HEADERS,
+    END_STREAM,
     HEADERS,
     PING,
     PREFACE,
     SETTINGS,
     Seen,
+    exchange,
     flood,
     frame,
     h2_frame,
+    huffman_literal,
     open_raw,
     rapid_reset,
     read_frames,
@@ -131,6 +135,41 @@ def test_a_70kb_metadata_header_with_tritonclient(server):
             c.infer("identity_fp32", [inp], headers={"x-big": "m" * 70_000})
         assert e.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
         assert c.infer("identity_fp32", [inp]).as_numpy("OUTPUT0").tolist() == x.tolist()
+
+
+def huffman_value(size: int) -> bytes:
+    """``size`` random letters and digits: Huffman-coded to about 3/4 of that."""
+    rng = np.random.default_rng(size)
+    alphabet = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", np.uint8)
+    return rng.choice(alphabet, size).tobytes()
+
+
+@pytest.mark.parametrize(("size", "status"), [(80_000, GRPC_RESOURCE_EXHAUSTED), (48_000, GRPC_OK)],
+                         ids=["over-the-list-size", "under-it"])
+async def test_a_flood_of_large_huffman_coded_headers_on_one_connection(server, size, status):
+    """20 calls, each with a ~60 KB (or ~36 KB) Huffman-coded header, in one write, then a plain
+    call: each big call gets what the header list limit says (64 KiB: RESOURCE_EXHAUSTED over
+    it, the answer under it), the plain call is answered on the same connection (no GOAWAY),
+    and a client on another connection is served during the flood (the server decodes one
+    large block per slice, other tasks in between)."""
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    request = frame(infer_request(x))
+    big = request_block(INFER) + huffman_literal(b"x-big", huffman_value(size))
+    assert 0.7 * size < len(big) < 0.8 * size
+    payload = bytearray()
+    for i in range(20):
+        payload += h2_frame(HEADERS, END_HEADERS, 2 * i + 1, big) + h2_frame(DATA, END_STREAM, 2 * i + 1, request)
+    payload += h2_frame(HEADERS, END_HEADERS, 41, request_block(INFER)) + h2_frame(DATA, END_STREAM, 41, request)
+    streams = list(range(1, 42, 2))
+    got = await victim_during(server.grpc_port, lambda: exchange(server.grpc_port, bytes(payload), streams))
+    for sid in streams:
+        headers, data = got[sid]
+        expected = GRPC_OK if sid == 41 else status
+        assert int(headers.get(b"grpc-status", b"-1")) == expected, (sid, headers)
+        if expected == GRPC_OK:
+            assert pb.ModelInferResponse.FromString(data[5:]).raw_output_contents[0] == x.tobytes()
+        else:
+            assert b"header list" in headers[b"grpc-message"]
 
 
 @pytest.mark.parametrize("value", [b"abc", b"1", b"123456789S", b"-1S"])
