@@ -6,8 +6,8 @@ queued (:func:`validate_request`), with Triton's wording.
 
 Load shedding (trident's own; :func:`queue_delay_target_us`, :class:`LoadShedder`): a model with a
 queue-delay target refuses a new request at admission, UNAVAILABLE with a retry delay, when the
-queue delay it would see is estimated above the target. The estimate is the requests queued
-ahead times the recent interval between the model's completions (an average of the gaps between
+queue delay it would see is estimated above the target. The estimate is the requests ahead of
+it (queued or executing) times the recent interval between the model's completions (an average of the gaps between
 completions, each capped at its own execution time, so idle time between requests does not
 count; several instances and batches shorten it, as they shorten the wait). Pure arithmetic on
 numbers the model version hands in: no clock, no trio.
@@ -195,14 +195,15 @@ class LoadShedder:
         self.last_end_ns = 0
         self.refused = 0  # requests refused (trident_inference_shed_count)
 
-    def estimate_ns(self, queued: int) -> int:
-        """The queue delay a request arriving behind ``queued`` requests is estimated to see."""
-        return queued * self.interval_ns
+    def estimate_ns(self, ahead: int) -> int:
+        """The queue delay a request arriving behind ``ahead`` requests is estimated to see."""
+        return ahead * self.interval_ns
 
-    def admit(self, queued: int) -> None:
-        """Admit a request arriving behind ``queued`` requests, or raise TritonError(UNAVAILABLE)
-        "Exceeds queue delay target" with the seconds to wait (``retry_after_s``)."""
-        estimate = queued * self.interval_ns
+    def admit(self, ahead: int) -> None:
+        """Admit a request arriving behind ``ahead`` requests (queued or executing), or raise
+        TritonError(UNAVAILABLE) "Exceeds queue delay target" with the seconds to wait
+        (``retry_after_s``)."""
+        estimate = ahead * self.interval_ns
         if estimate > self.target_ns:
             raise self._refuse(estimate)
 

@@ -508,7 +508,9 @@ class ModelVersion:
         batch_size = self.validate(request)
         if self.shedder is not None:
             try:
-                self.shedder.admit(self.scheduler.queued())
+                # the requests ahead: queued or executing (a decoupled model's requests stay in
+                # flight while they stream: its queue alone)
+                self.shedder.admit(self.scheduler.queued() if self.decoupled else self.inflight.count)
             except TritonError:
                 self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=REJECTED)
                 raise
