@@ -50,6 +50,7 @@ from trident.errors import Code, TritonError, internal, unavailable, unsupported
 from trident.observability.model_metrics import observer_for
 from trident.observability.stats import BACKEND, CANCELED, OTHER, REJECTED, StatsRecorder
 from trident.protocol.generated.inference import ModelConfig
+from trident.server import deadlines
 from trident.server.execution import BatchExecutor, InFlight, Pending
 from trident.server.handle import RequestHandle
 from trident.server.worker_threads import open_thread_nursery
@@ -186,18 +187,18 @@ class ModelVersion:
         whose requests wait in the dynamic batcher's (or default scheduler's) queue.
 
         Raises TritonError: INVALID_ARG for a bad parameter, UNSUPPORTED for the parameter on an
-        ensemble or a sequence model (the server's default leaves those alone).
+        ensemble, a sequence model or a decoupled model (the server's default leaves those alone).
         """
         options = getattr(self._server, "options", None)
         default_us = int(float(getattr(options, "queue_delay_target_ms", 0) or 0) * 1000)
         target_us = queue_delay_target_us(self.config, default_us)
         if not target_us:
             return
-        if self.ensemble is not None or self.config.sequence_batching is not None:
+        if self.ensemble is not None or self.config.sequence_batching is not None or self.decoupled:
             if QUEUE_DELAY_PARAMETER in self.config.parameters:
                 raise unsupported(f"parameter {QUEUE_DELAY_PARAMETER} of model '{self.name}' applies to models "
-                                  "with dynamic_batching or the default scheduler, not to ensembles (their "
-                                  "composing models shed) or sequence models")
+                                  "with dynamic_batching or the default scheduler that answer once, not to "
+                                  "ensembles (their composing models shed), sequence models or decoupled models")
             return
         self.shedder = LoadShedder(self.name, target_us)
 
@@ -417,7 +418,8 @@ class ModelVersion:
             self.inflight.leave()
             if response is None:  # cancelled: the queue drops it; a running execution's result is discarded
                 request.cancel()
-                self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
+                self.stats.record_failure(time.monotonic_ns() - request.arrival_ns,
+                                          reason=deadlines.cancel_reason(request, trio.current_time()))
                 return
             if response.error is None and self.latency is not None:
                 self.latency.first_response(time.monotonic_ns() - request.arrival_ns)
@@ -445,7 +447,8 @@ class ModelVersion:
             response = await handle.receive()
         except trio.Cancelled:
             request.cancel()
-            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
+            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns,
+                                      reason=deadlines.cancel_reason(request, trio.current_time()))
             raise
         finally:
             self.inflight.leave()
@@ -508,9 +511,7 @@ class ModelVersion:
         batch_size = self.validate(request)
         if self.shedder is not None:
             try:
-                # the requests ahead: queued or executing (a decoupled model's requests stay in
-                # flight while they stream: its queue alone)
-                self.shedder.admit(self.scheduler.queued() if self.decoupled else self.inflight.count)
+                self.shedder.admit(self.inflight.count)  # the requests ahead: queued or executing
             except TritonError:
                 self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=REJECTED)
                 raise
@@ -587,7 +588,8 @@ class ModelVersion:
                         return
         except trio.Cancelled:
             request.cancel()
-            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
+            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns,
+                                      reason=deadlines.cancel_reason(request, trio.current_time()))
             raise
         finally:
             if trace is not None and self._tracer is not None:
