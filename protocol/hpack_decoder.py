@@ -23,6 +23,7 @@ OversizedHeaderListError as soon as it is exceeded.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Generator
 
 from hpack.exceptions import (
     HPACKDecodingError,
@@ -70,8 +71,21 @@ class Decoder:
         Raises HPACKDecodingError (InvalidTableIndex, InvalidTableSizeError) for a malformed
         block and OversizedHeaderListError past ``max_header_list_size``; after either the
         table may be out of step with the peer's, so the connection must end."""
+        steps = self.decode_steps(block, 0)
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        raise AssertionError("unreachable: a step of 0 never pauses")
+
+    def decode_steps(self, block: bytes | bytearray | memoryview, step: int) -> Generator[None, None, list[Field]]:
+        """:meth:`decode` in pieces: a generator that pauses (yields None) each time about
+        ``step`` more bytes of the block have been decoded (a Huffman string longer than that
+        in pieces too; 0: never) and returns the fields. Decode no other block on this decoder
+        until it has finished. Raises what :meth:`decode` raises, from the step that finds it."""
         data = bytes(block) if not isinstance(block, bytes) else block
         end = len(data)
+        mark = step if step else end + 1  # the position after which the next field pauses first
         pos = 0
         fields: list[Field] = []
         size = 0
@@ -99,14 +113,26 @@ class Decoder:
                 if index == mask:
                     index, pos = _integer(data, pos, index)
                 if index == 0:
-                    name, pos = _string(data, pos, end)
+                    start, pos, huffman = _string(data, pos, end)
+                    if not huffman:
+                        name = data[start:pos]
+                    elif pos - start <= step or not step:
+                        name = decode_huffman(data[start:pos])
+                    else:
+                        name = yield from _huffman_steps(data, start, pos, step)
                 elif index <= _STATIC_COUNT:
                     name = _STATIC[index - 1][0]
                 elif index <= _STATIC_COUNT + len(dynamic):
                     name = dynamic[index - _STATIC_COUNT - 1][0]
                 else:
                     raise InvalidTableIndex(f"invalid table index {index}")
-                value, pos = _string(data, pos, end)
+                start, pos, huffman = _string(data, pos, end)
+                if not huffman:
+                    value = data[start:pos]
+                elif pos - start <= step or not step:
+                    value = decode_huffman(data[start:pos])
+                else:
+                    value = yield from _huffman_steps(data, start, pos, step)
                 field = (name, value)
                 if first & 0x40:
                     self._add(field)
@@ -127,6 +153,9 @@ class Decoder:
             size += len(field[0]) + len(field[1]) + _ENTRY_OVERHEAD
             if size > limit:
                 raise OversizedHeaderListError(f"A header list larger than {limit} has been received")
+            if pos >= mark:
+                mark = pos + step
+                yield
         return fields
 
     def _add(self, field: Field) -> None:
@@ -164,8 +193,8 @@ def _integer(data: bytes, pos: int, value: int) -> tuple[int, int]:
     raise HPACKDecodingError("HPACK integer truncated, too long or too large")
 
 
-def _string(data: bytes, pos: int, end: int) -> tuple[bytes, int]:
-    """A string literal (§5.2) at ``pos``: (its bytes, Huffman-decoded when so marked; next position)."""
+def _string(data: bytes, pos: int, end: int) -> tuple[int, int, bool]:
+    """A string literal (§5.2) at ``pos``: (where its bytes start, where they end, Huffman-coded)."""
     if pos >= end:
         raise HPACKDecodingError("Truncated header block")
     first = data[pos]
@@ -176,9 +205,7 @@ def _string(data: bytes, pos: int, end: int) -> tuple[bytes, int]:
     stop = pos + length
     if stop > end:
         raise HPACKDecodingError("Truncated header block")
-    if first & 0x80:
-        return decode_huffman(data[pos:stop]), stop
-    return data[pos:stop], stop
+    return pos, stop, bool(first & 0x80)
 
 
 # ---- Huffman (RFC 7541 §5.2, Appendix B) ------------------------------------------------------
@@ -198,6 +225,22 @@ def decode_huffman(data: bytes | bytearray | memoryview) -> bytes:
     for byte in data:
         state, emitted = table[state + byte]
         out += emitted
+    if state not in _ACCEPT:
+        raise HPACKDecodingError("Invalid Huffman string")
+    return bytes(out)
+
+
+def _huffman_steps(data: bytes, start: int, stop: int, step: int) -> Generator[None, None, bytes]:
+    """:func:`decode_huffman` of ``data[start:stop]``, pausing after each ``step`` bytes."""
+    table = _TABLE
+    out = bytearray()
+    state = 0
+    for piece in range(start, stop, step):
+        if piece > start:
+            yield
+        for byte in data[piece : min(piece + step, stop)]:
+            state, emitted = table[state + byte]
+            out += emitted
     if state not in _ACCEPT:
         raise HPACKDecodingError("Invalid Huffman string")
     return bytes(out)

@@ -50,7 +50,7 @@ from __future__ import annotations
 import re
 import struct
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any, NoReturn
 
 from hpack.exceptions import HPACKError, OversizedHeaderListError
@@ -129,6 +129,19 @@ def _add_data(events: list[Any], stream_id: int, data: Any, flow: int, ended: bo
     events[-1] = (DATA, stream_id, parts, last[3] + flow, ended)
 
 
+class _HeaderWork:
+    """A large header block being decoded in pieces, and what its completion needs."""
+
+    __slots__ = ("steps", "stream_id", "flags", "self_dependent")
+
+    def __init__(self, steps: Generator[None, None, tuple[tuple[tuple[bytes, bytes], ...], str | None]],
+                 stream_id: int, flags: int, self_dependent: bool) -> None:
+        self.steps = steps
+        self.stream_id = stream_id
+        self.flags = flags
+        self.self_dependent = self_dependent
+
+
 class _Stream:
     __slots__ = ("stream_id", "send_window", "recv_window", "recv_processed", "remote_ended", "local_ended")
 
@@ -156,13 +169,20 @@ class H2Server:
     it: RST_STREAM REFUSED_STREAM). ``connection_window``: the receive window of the connection,
     announced with the first SETTINGS. ``header_cache=False`` turns both HPACK caches off (the
     fuzz target compares the two).
+
+    ``header_step`` bounds the HPACK work of one call: a header block of that many bytes or more
+    is decoded in pieces of about that size. The call that completes such a block returns the
+    events before it and leaves :attr:`header_work` set (the rest of its input kept); each
+    :meth:`continue_headers` decodes one more piece, and the one that finishes the block
+    returns its events and those of the input that followed (which may leave the next large
+    block pending). Input given while a block is pending is kept behind it. 0: blocks decode whole.
     """
 
     def __init__(self, *, max_concurrent_streams: int = 100, initial_window_size: int = DEFAULT_WINDOW,
                  max_frame_size: int = MIN_FRAME_SIZE, max_header_list_size: int = 64 * 1024,
                  max_header_list_hard: int = 1024 * 1024, max_header_block: int = 256 * 1024,
                  max_open_streams: int = 1 << 16, connection_window: int = MAX_WINDOW,
-                 header_cache: bool = True) -> None:
+                 header_cache: bool = True, header_step: int = 16 * 1024) -> None:
         if not MIN_FRAME_SIZE <= max_frame_size <= MAX_FRAME_SIZE_LIMIT:
             raise ValueError(f"max_frame_size {max_frame_size} outside [{MIN_FRAME_SIZE}, {MAX_FRAME_SIZE_LIMIT}]")
         if not 0 <= initial_window_size <= MAX_WINDOW or not DEFAULT_WINDOW <= connection_window <= MAX_WINDOW:
@@ -204,6 +224,9 @@ class H2Server:
         self._reset_order: deque[int] = deque()
         #: HPACK with the decode and encode caches
         self.header_codec = HeaderCodec(max_header_list_hard, cache=header_cache)
+        self.header_step = header_step
+        #: a large header block being decoded in pieces (see the class docstring), else None
+        self.header_work: _HeaderWork | None = None
 
     # ---- handshake ------------------------------------------------------------------------
 
@@ -246,8 +269,36 @@ class H2Server:
         if self.closed:
             return []
         events: list[Any] = []
+        if self.header_work is not None:
+            self._in += data  # behind the block being decoded
+            return events
         try:
             self._receive(data, events)
+        except ProtocolError:
+            self.closed = True
+            raise
+        return events
+
+    def continue_headers(self) -> list[Any]:
+        """Decode the next piece of the pending large header block (:attr:`header_work`); once
+        it is done, its events and those of the input kept behind it. Raises ProtocolError as
+        :meth:`receive_data` does."""
+        work = self.header_work
+        events: list[Any] = []
+        if work is None or self.closed:
+            return events
+        try:
+            try:
+                next(work.steps)
+                return events
+            except StopIteration as done:
+                entry = done.value
+            except HPACKError as e:
+                self._hpack_failed(e)
+            self.header_work = None
+            self._header_block_decoded(work.stream_id, work.flags, entry, events, work.self_dependent)
+            if self._in:
+                self._receive(b"", events)
         except ProtocolError:
             self.closed = True
             raise
@@ -271,7 +322,7 @@ class H2Server:
         pos = 0
         if end and (self._data_left or self._pad_left):
             pos = self._continue_data(view, 0, events, owned)
-        while self._in:  # complete the frame (or frame header) that an earlier chunk began
+        while self._in and self.header_work is None:  # complete what an earlier chunk began
             need = self._pending_need()
             if need:
                 take = min(need, end - pos)
@@ -285,7 +336,10 @@ class H2Server:
             self._in.clear()
             self._frames(memoryview(buf), 0, events, owned=True)
         if pos < end:
-            self._frames(view, pos, events, owned)
+            if self.header_work is not None:
+                self._in += view[pos:end]
+            else:
+                self._frames(view, pos, events, owned)
 
     def _pending_need(self) -> int:
         """Bytes still missing from the partial unit in ``_in``: a frame header, a whole frame
@@ -393,10 +447,14 @@ class H2Server:
                 return end
             payload = view[start : start + length]
             pos = start + length
-            if kind == HEADERS_FRAME:
-                self._headers_frame(payload, flags, stream_id, events)
-            elif kind == CONTINUATION_FRAME:
-                self._continuation_frame(payload, flags, stream_id, events)
+            if kind == HEADERS_FRAME or kind == CONTINUATION_FRAME:
+                if kind == HEADERS_FRAME:
+                    self._headers_frame(payload, flags, stream_id, events)
+                else:
+                    self._continuation_frame(payload, flags, stream_id, events)
+                if self.header_work is not None:  # a large block to decode in pieces: keep the rest
+                    self._in += view[pos:end]
+                    return end
             elif kind == SETTINGS_FRAME:
                 self._settings_frame(payload, flags, stream_id, events)
             elif kind == WINDOW_UPDATE_FRAME:
@@ -572,15 +630,26 @@ class H2Server:
         ENHANCE_YOUR_CALM for a list over the hard limit, COMPRESSION_ERROR for bad HPACK."""
         try:
             return self.header_codec.decode(block)
-        except OversizedHeaderListError:
-            self._connection_error(ENHANCE_YOUR_CALM, "decoded header list exceeds the limit")
         except HPACKError as e:
-            reason = _ADDRESS.sub(r"<\1>", str(e))
-            self._connection_error(COMPRESSION_ERROR, f"HPACK decoding failed: {reason}")
+            self._hpack_failed(e)
+
+    def _hpack_failed(self, e: HPACKError) -> NoReturn:
+        if isinstance(e, OversizedHeaderListError):
+            self._connection_error(ENHANCE_YOUR_CALM, "decoded header list exceeds the limit")
+        reason = _ADDRESS.sub(r"<\1>", str(e))
+        self._connection_error(COMPRESSION_ERROR, f"HPACK decoding failed: {reason}")
 
     def _header_block(self, stream_id: int, flags: int, block: bytes, events: list[Any],
                       self_dependent: bool) -> None:
-        entry = self._decode(block)  # always: the HPACK state must follow every block
+        # always decoded: the HPACK state must follow every block
+        if self.header_step and len(block) >= self.header_step:
+            steps = self.header_codec.decode_steps(block, self.header_step)
+            self.header_work = _HeaderWork(steps, stream_id, flags, self_dependent)
+            return
+        self._header_block_decoded(stream_id, flags, self._decode(block), events, self_dependent)
+
+    def _header_block_decoded(self, stream_id: int, flags: int, entry: tuple[tuple[tuple[bytes, bytes], ...], str | None],
+                              events: list[Any], self_dependent: bool) -> None:
         headers, request_error = entry
         ended = bool(flags & FLAG_END_STREAM)
         stream = self.streams.get(stream_id)

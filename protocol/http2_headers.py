@@ -14,7 +14,7 @@ decoding or encoding would give. Both caches are bounded in entries and in what 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
 import hpack
 from hpack.exceptions import HPACKDecodingError
@@ -32,6 +32,7 @@ _BAD_VALUE = re.compile(rb"[\x00\r\n]")
 _DECODE_CACHE_ENTRIES = 16
 _DECODE_CACHE_BLOCK = 2048  # blocks larger than this are not cached
 _DECODE_CACHE_LIST = 16 * 1024  # nor are header lists larger than this (RFC 9113 §6.5.2 size)
+_CHECK_STEP = 1024  # fields checked per piece of HeaderCodec.decode_steps
 _ENCODE_CACHE_ENTRIES = 16  # the server's own constant blocks
 _MAX_ENCODER_TABLE = 1 << 16  # the encoder's table never exceeds this, whatever the peer allows
 
@@ -68,6 +69,32 @@ class HeaderCodec:
             headers = tuple(self.decoder.decode(block))
         except (IndexError, TypeError, ValueError) as e:  # none expected: kept as a safety net
             raise HPACKDecodingError(str(e)) from None
+        return self._decoded(block, headers)
+
+    def decode_steps(self, block: bytes, step: int) -> Generator[None, None, tuple[Headers, str | None]]:
+        """:meth:`decode` in pieces of about ``step`` bytes of the block (a generator that
+        pauses between them; see :meth:`~trident.protocol.hpack_decoder.Decoder.decode_steps`),
+        for a block too large to decode in one go. Decode no other block until it has
+        finished. Raises what :meth:`decode` raises."""
+        self.misses += 1
+        try:
+            headers = tuple((yield from self.decoder.decode_steps(block, step)))
+        except (IndexError, TypeError, ValueError) as e:  # none expected: kept as a safety net
+            raise HPACKDecodingError(str(e)) from None
+        error = None
+        for start in range(0, len(headers), _CHECK_STEP):  # the per-field checks, in pieces too
+            yield
+            error = _check_fields(headers[start : start + _CHECK_STEP])
+            if error is not None:
+                break
+        if error is None:
+            error = validate_request_headers(headers, fields_checked=True) if headers else "empty header block"
+        self.decode_cache.clear()  # not worth a table_neutral scan: a block this large is not cached
+        return headers, error
+
+    def _decoded(self, block: bytes, headers: Headers) -> tuple[Headers, str | None]:
+        """The entry of a block just decoded; cached, or the cache cleared, as the module says."""
+        cache = self.decode_cache
         entry = (headers, validate_request_headers(headers) if headers else "empty header block")
         if table_neutral(block):
             if self._decode_entries and len(block) <= _DECODE_CACHE_BLOCK:
@@ -164,17 +191,19 @@ def _skip_string(block: bytes, pos: int) -> int:
     return pos + length
 
 
-def validate_request_headers(headers: Sequence[tuple[bytes, bytes]]) -> str | None:
+def validate_request_headers(headers: Sequence[tuple[bytes, bytes]], *, fields_checked: bool = False) -> str | None:
     """What is wrong with a request header list (RFC 9113 §8.2, §8.3.1), None when it is valid.
 
     The checks h2 makes: names non-empty, lowercase, without control characters, spaces or a
     colon past the first character; values without NUL/CR/LF or surrounding whitespace; no
     connection-specific fields, TE only ``trailers``; pseudo-header fields first, known, not
     repeated, ``:method``, ``:scheme`` and a non-empty ``:path`` present (CONNECT is not
-    served); ``:authority`` or ``host`` present and equal when both are."""
-    error = _check_fields(headers)
-    if error is not None:
-        return error
+    served); ``:authority`` or ``host`` present and equal when both are. ``fields_checked``:
+    the caller has checked each field itself (names, values, connection-specific fields)."""
+    if not fields_checked:
+        error = _check_fields(headers)
+        if error is not None:
+            return error
     seen: set[bytes] = set()
     regular = False
     authority = host = None

@@ -4,7 +4,8 @@
 (``http2="trident"``: :class:`trident.protocol.http2.H2Server`; ``"h2"``: :class:`H2LibEngine`,
 kept selectable for one release as the fallback). Both give the transport the same interface:
 ``receive_data(bytes) -> list[event tuple]`` (the event kinds of :mod:`trident.protocol.http2`;
-raises :class:`~trident.protocol.http2.ProtocolError` after queueing a GOAWAY),
+raises :class:`~trident.protocol.http2.ProtocolError` after queueing a GOAWAY) with
+``header_work`` / ``continue_headers()`` (a large header block decoded in pieces),
 ``send_headers`` / ``send_data`` / ``reset_stream`` / ``local_flow_control_window`` (raise
 :class:`~trident.protocol.http2.StreamClosedError` for a stream not open for sending),
 ``acknowledge_received_data``, ``ping``, ``goaway``, ``has_data_to_send``, ``data_to_send``,
@@ -47,7 +48,17 @@ def make_engine(config: TransportConfig) -> Any:
 
 
 class H2LibEngine:
-    """The ``h2`` library behind the interface of :class:`trident.protocol.http2.H2Server`."""
+    """The ``h2`` library behind the interface of :class:`trident.protocol.http2.H2Server`.
+
+    h2 decodes each header block whole, inside :meth:`receive_data` (``hpack``'s decoder): it
+    never leaves :attr:`header_work` pending; the frame guard's slices still give a large block
+    a slice of its own."""
+
+    header_work = None
+
+    def continue_headers(self) -> list[Any]:
+        """Nothing to continue (:attr:`header_work` is always None)."""
+        return []
 
     def __init__(self, config: TransportConfig) -> None:
         import h2.config

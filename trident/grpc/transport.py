@@ -255,37 +255,50 @@ class Connection:
                 return
 
     async def _receive(self, data: bytes | bytearray | memoryview) -> bool:
-        """Feed one slice to the engine and act on its events; False once the connection must end."""
+        """Feed one slice to the engine and act on its events; False once the connection must end.
+        A large header block that the engine decodes in pieces (its ``header_work``) gets a
+        checkpoint between the pieces."""
+        engine = self.engine
         try:
-            events = self.engine.receive_data(data)
+            events = engine.receive_data(data)
         except http2.ProtocolError as e:
-            log.debug("HTTP/2 protocol error from peer: %s", e)
-            await self.out.flush()
-            self.out.broken = True  # the engine already queued (and we sent) its GOAWAY
-            return False
-        handle = self._handle
-        count = len(events)
-        if count > 2 and sum(1 for event in events if event[0] == http2.DATA) > 1:
-            rounds.current().crowd()  # several messages in one read: a batching model batches them
-        i = 0
-        while i < count:
-            event = events[i]
-            i += 1
-            if event[0] == http2.REQUEST:
-                message = events[i] if i < count and not event[3] else None
-                if message is not None and message[0] == http2.DATA and message[1] == event[1] and message[4]:
-                    # the request's message, END_STREAM, in the same read: may run at once
-                    if self._open_call(event[1], event[2], False, message[2], message[3]):
-                        i += 1
+            return await self._protocol_error(e)
+        while True:
+            handle = self._handle
+            count = len(events)
+            if count > 2 and sum(1 for event in events if event[0] == http2.DATA) > 1:
+                rounds.current().crowd()  # several messages in one read: a batching model batches them
+            i = 0
+            while i < count:
+                event = events[i]
+                i += 1
+                if event[0] == http2.REQUEST:
+                    message = events[i] if i < count and not event[3] else None
+                    if message is not None and message[0] == http2.DATA and message[1] == event[1] and message[4]:
+                        # the request's message, END_STREAM, in the same read: may run at once
+                        if self._open_call(event[1], event[2], False, message[2], message[3]):
+                            i += 1
+                        continue
+                    self._open_call(event[1], event[2], event[3])
                     continue
-                self._open_call(event[1], event[2], event[3])
-                continue
-            handle(event)
-        if self.abuse is not None:
-            await self._calm(self.abuse)
-            return False
+                handle(event)
+            if self.abuse is not None:
+                await self._calm(self.abuse)
+                return False
+            await self.out.flush()
+            if engine.header_work is None:
+                return True
+            await trio.lowlevel.checkpoint()
+            try:
+                events = engine.continue_headers()
+            except http2.ProtocolError as e:
+                return await self._protocol_error(e)
+
+    async def _protocol_error(self, e: http2.ProtocolError) -> bool:
+        log.debug("HTTP/2 protocol error from peer: %s", e)
         await self.out.flush()
-        return True
+        self.out.broken = True  # the engine already queued (and we sent) its GOAWAY
+        return False
 
     def _handle(self, event: tuple[Any, ...]) -> None:
         kind = event[0]

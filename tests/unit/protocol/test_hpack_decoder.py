@@ -173,3 +173,47 @@ def _int_tail(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+def run_steps(decoder: Decoder, block: bytes, step: int) -> tuple[list, int]:
+    steps, pauses = decoder.decode_steps(block, step), 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value, pauses
+        pauses += 1
+
+
+def test_rfc7541_5_2_a_long_huffman_string_decodes_in_pieces():
+    value = (b"abcdefghijklmnopqrstuvwxyz0123456789-_" * 2000)[:75_000]
+    block = hpack.Encoder().encode([(b"x-big", value), (b"x-after", b"1")], huffman=True)
+    fields, pauses = run_steps(Decoder(1 << 20), block, 4096)
+    assert fields == Decoder(1 << 20).decode(block) == [(b"x-big", value), (b"x-after", b"1")]
+    assert pauses >= len(block) // 4096 - 1
+    assert run_steps(Decoder(1 << 20), block, 0)[1] == 0  # step 0: whole
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(fields_strategy, min_size=1, max_size=4), st.sampled_from([1, 7, 64, 1000]))
+def test_rfc7541_2_3_decoding_in_pieces_gives_what_decoding_whole_gives(blocks, step):
+    encoder, whole, pieces = hpack.Encoder(), Decoder(1 << 24), Decoder(1 << 24)
+    for fields in blocks:
+        block = encoder.encode(fields, huffman=True)
+        assert run_steps(pieces, block, step)[0] == whole.decode(block)
+        assert pieces.table_entries == whole.table_entries
+
+
+def test_rfc7541_errors_surface_from_the_piece_that_finds_them():
+    block = b"\x00\x01a\x01b" * 1000 + b"\xbf\x7f"  # index 190 at the end
+    steps = Decoder(1 << 20).decode_steps(block, 100)
+    next(steps)  # the first piece is fine
+    with pytest.raises(InvalidTableIndex):
+        for _ in steps:
+            pass
+    coded = huffman(b"x" * 2000)[:-1] + b"\x00"  # its last byte: padding of zeros
+    steps = Decoder(1 << 20).decode_steps(b"\x00\x01a\xff" + _int_tail(len(coded) - 127) + coded, 64)
+    for _ in range(len(coded) // 64):  # every piece but the last is fine
+        next(steps)
+    with pytest.raises(HPACKDecodingError, match="Huffman"):
+        next(steps)

@@ -1059,3 +1059,81 @@ def test_rfc7541_5_1_an_overlong_integer_is_compression_error_and_no_address_goe
     goaway = connection_error(s, f.serialize(), COMPRESSION_ERROR)
     assert goaway.additional_data.startswith(b"HPACK decoding failed")
     assert b" at 0x" not in goaway.additional_data
+
+
+# ---- RFC 7541 §4.1 / §6: a large header block decoded in pieces (header_step) -----------------
+
+BIG = [(b"x-big", b"0123456789abcdefghijklmnopqrstuvwxyz" * 800)]  # ~29 KB; Huffman-coded ~22 KB
+
+
+def finish(s: H2Server) -> tuple[list, int]:
+    """Run continue_headers until no block is pending: (its events, the number of calls)."""
+    events, calls = [], 0
+    while s.header_work is not None:
+        events += s.continue_headers()
+        calls += 1
+        assert calls < 10_000
+    return events, calls
+
+
+def test_rfc7541_a_large_block_is_decoded_in_pieces_with_the_same_events():
+    """Everything after the large block waits for it; the events, and what the server sends,
+    are exactly those of a server that decodes the block whole."""
+    c = Client()
+    chunk = (c.headers(1, extra=BIG) + data(1, b"m", end_stream=True)
+             + PingFrame(0, opaque_data=b"12345678").serialize() + c.headers(3, end_stream=True))
+    whole = server(max_frame_size=1 << 20, header_step=0)
+    expected = whole.receive_data(chunk)
+    assert [e[0] for e in expected] == [REQUEST, DATA, PING, REQUEST]
+    s = server(max_frame_size=1 << 20, header_step=4096)
+    assert s.receive_data(chunk) == [] and s.header_work is not None
+    assert s.data_to_send() == b""  # nothing after the block was read yet: no PING ACK
+    events, calls = finish(s)
+    assert calls > 5  # ~22 KB of block in 4 KiB pieces, then the field checks
+    assert events == expected
+    assert s.data_to_send() == whole.data_to_send()  # the PING ACK, exactly
+    assert events[0][2] == tuple(REQUEST_HEADERS + BIG)
+
+
+def test_rfc7541_input_that_arrives_while_a_block_is_pending_waits_behind_it():
+    c = Client()
+    s = server(max_frame_size=1 << 20, header_step=4096)
+    big = c.headers(1, extra=BIG)
+    # the block's frame split across two reads, then a read of the next stream while it is pending
+    assert s.receive_data(big[:1000]) == [] and s.header_work is None
+    assert s.receive_data(big[1000:]) == [] and s.header_work is not None
+    assert s.receive_data(c.headers(3, end_stream=True)) == []
+    events, _ = finish(s)
+    assert [(e[0], e[1]) for e in events] == [(REQUEST, 1), (REQUEST, 3)]
+    # in CONTINUATION frames: the block is pending once its END_HEADERS frame is in
+    block = c.encoder.encode(REQUEST_HEADERS + BIG)
+    first = raw(0x1, 0, 5, block[:10_000])
+    rest = raw(0x9, 0x4, 5, block[10_000:])
+    assert s.receive_data(first) == [] and s.header_work is None
+    assert s.receive_data(rest + data(5, b"m", end_stream=True)) == [] and s.header_work is not None
+    events, _ = finish(s)
+    assert [(e[0], e[1]) for e in events] == [(REQUEST, 5), (DATA, 5)]
+    assert events[0][2] == tuple(REQUEST_HEADERS + BIG)
+
+
+def test_rfc7541_errors_found_in_a_later_piece_end_the_connection():
+    c = Client()
+    # §2.3.3: an index past the tables at the end of a large block
+    s = server(max_frame_size=1 << 20, header_step=4096)
+    block = c.encoder.encode(REQUEST_HEADERS + BIG) + b"\xff\x7f"
+    assert s.receive_data(raw(0x1, 0x4, 1, block)) == []
+    with pytest.raises(ProtocolError) as info:
+        finish(s)
+    assert info.value.error_code == COMPRESSION_ERROR and s.closed
+    assert isinstance(sent(s)[-1], GoAwayFrame)
+    assert s.receive_data(c.headers(3)) == [] and s.continue_headers() == []
+    # §4.1: the hard limit on the decoded list
+    s = server(max_frame_size=1 << 20, header_step=4096, max_header_list_hard=20_000)
+    assert s.receive_data(Client().headers(1, extra=BIG)) == []
+    with pytest.raises(ProtocolError) as info:
+        finish(s)
+    assert info.value.error_code == ENHANCE_YOUR_CALM
+    # a malformed request in a large block is a stream error, as in a small one (§8.1.1)
+    s = server(max_frame_size=1 << 20, header_step=4096)
+    assert s.receive_data(Client().headers(1, headers=REQUEST_HEADERS[1:], extra=BIG)) == []
+    assert finish(s)[0] == [] and resets(sent(s)) == rst(1, PROTOCOL_ERROR)
