@@ -47,6 +47,7 @@ from trident.batching.ensemble_plan import (
     version_string,
 )
 from trident.batching.outputs import classify
+from trident.batching.policy import TIMEOUT_EXPIRED
 from trident.errors import Code, TritonError, invalid_arg, unavailable
 from trident.protocol.generated.inference import ModelConfig, ModelTransactionPolicy
 from trident.types import (
@@ -372,6 +373,7 @@ class EnsembleRequest:
         # W3C context an untraced ensemble request came with (its steps continue that trace)
         sub.trace = self.trace if self.trace is not None else request.trace
         sub.response_window = self.plan.max_inflight_requests
+        sub.deadline = request.deadline  # the step inherits the ensemble request's deadline
         batch = inputs[0].shape[0] if step.batching and inputs and inputs[0].shape else 0
         decoupled = bool(getattr(model, "decoupled", False))
 
@@ -392,4 +394,6 @@ class EnsembleRequest:
 
         await turn.wait()
         turn.finish()  # the call below takes its place in the model's queue before it first waits
+        if sub.deadline is not None and trio.current_time() >= sub.deadline:
+            raise TritonError(Code.UNAVAILABLE, TIMEOUT_EXPIRED)  # no step starts after the deadline
         await model.infer_stream(sub, on_response)

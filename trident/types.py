@@ -101,6 +101,11 @@ class InferenceRequest:
     #: > 0: a decoupled model sending from its own thread blocks while this many of the
     #: request's responses are waiting to be consumed (ensemble ``max_inflight_requests``)
     response_window: int = 0
+    #: when the request must be answered by, on trio's clock (``trio.current_time()``); None: no
+    #: deadline. Set by the gRPC front end (``grpc-timeout``), by the server from the ``timeout``
+    #: parameter, and inherited by ensemble steps and BLS children (the earlier of the two).
+    #: No work of the request starts after it (README "Deadlines").
+    deadline: float | None = None
     _on_cancel: list[Callable[[], None]] | None = field(default=None, repr=False)
 
     def input(self, name: str) -> Tensor | None:

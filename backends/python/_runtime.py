@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import queue
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -41,6 +42,25 @@ from trident.errors import Code, TritonError
 from trident.types import InferenceRequest, InferenceResponse
 
 _END = object()
+
+
+#: the status of a BLS request whose inherited deadline passes: Triton's queue timeout's, as the
+#: server answers a request whose own ``timeout`` runs out (trident.server.deadlines)
+TIMEOUT_EXPIRED = "Request timeout expired"
+
+
+def inherited_deadline(parents: Sequence[Any]) -> float | None:
+    """The deadline a BLS request inherits from ``parents`` (the requests of the running batch):
+    the latest of theirs, as it serves each of them; None when one of them has none (README
+    "Deadlines")."""
+    latest = None
+    for parent in parents:
+        deadline = parent.deadline
+        if deadline is None:
+            return None
+        if latest is None or deadline > latest:
+            latest = deadline
+    return latest
 
 
 def bls_trace(parents: Sequence[Any], explicit: Any = None) -> Any:
@@ -166,7 +186,13 @@ class BlsCall:
             self._queue.put(_END)
 
     async def _run(self) -> None:
-        with trio.CancelScope() as scope:
+        # the deadline it inherited from its parents: nothing of it starts after, and it is
+        # answered "Request timeout expired" then (its own timeout parameter: the server's doing)
+        deadline = self._request.deadline
+        if deadline is not None and trio.current_time() >= deadline:
+            self._put_error(Code.UNAVAILABLE, TIMEOUT_EXPIRED)
+            return
+        with trio.CancelScope(deadline=math.inf if deadline is None else deadline) as scope:
             self._scope = scope
             if self._cancel_requested:
                 scope.cancel()
@@ -195,7 +221,10 @@ class BlsCall:
             finally:
                 _convert.DEVICE_OUTPUT_REQUESTS.discard(id(self._request))
         if scope.cancelled_caught and not self._final_seen:
-            self._put_error(Code.CANCELLED, f"BLS request to model '{self._request.model_name}' was cancelled")
+            if deadline is not None and trio.current_time() >= deadline:
+                self._put_error(Code.UNAVAILABLE, TIMEOUT_EXPIRED)
+            else:
+                self._put_error(Code.CANCELLED, f"BLS request to model '{self._request.model_name}' was cancelled")
 
     async def _place_device_tensors(self) -> None:
         """Where the callee takes device tensors: let its device outputs come back on the device
@@ -288,6 +317,7 @@ class InProcessRuntime(pb_utils._Runtime):
         except TritonError as e:
             return iter([_convert.error_response(e.code, e.message)])
         converted.trace = bls_trace(parents, getattr(request.trace(), "_source", None))
+        converted.deadline = inherited_deadline(parents)  # the server takes the earlier of it and its timeout
         if not device_inputs and memory is None:  # the usual call: CPU tensors, outputs as produced
             return BlsCall(self.server, self.token, converted, decoupled, parents, threads=self.threads).start()
         gpu_outputs = memory is None or memory.preferred_memory_type == pb_utils.TRITONSERVER_MEMORY_GPU

@@ -10,6 +10,7 @@ through the server's registry (:mod:`trident.server.shared_memory`).
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -304,6 +305,8 @@ class InferenceService:
         context = self._trace_context(call)
         if context is not None:
             request.trace = context
+        if call.deadline != math.inf:  # grpc-timeout: the core starts nothing of it after (README "Deadlines")
+            request.deadline = call.deadline
         return request
 
     async def model_infer(self, call: Call, data: bytearray) -> tuple[list[Any], int]:
@@ -334,6 +337,8 @@ class InferenceService:
         context = self._trace_context(call)
         if context is not None:
             request.trace = context
+        if call.deadline != math.inf:  # grpc-timeout: the core starts nothing of it after (README "Deadlines")
+            request.deadline = call.deadline
         token = serving.set(serving_of(request))  # the lines logged meanwhile name the request
         try:
             shm_outputs = self._check_shm_outputs(request)

@@ -23,6 +23,7 @@ from trident.observability.trace import TraceSettings
 from trident.observability.tracing import Tracer, parse_trace_config
 from trident.options import ServerOptions
 from trident.protocol.generated.inference import ModelConfig
+from trident.server import deadlines
 from trident.server.execution import InFlight, abandon_running_calls
 from trident.server.handle import RequestHandle
 from trident.server.model import ModelVersion
@@ -278,9 +279,53 @@ class Server:
         at once; ``handle.wait()`` raises the others. Cancellation: cancelling the task that
         awaits the handle (or ``handle.cancel()``) cancels the request (dropped if still queued).
         """
+        # a timeout parameter: answered by its deadline, in the awaiting task (a deadline set by
+        # the gRPC front end or a BLS call is kept by their own cancel scopes)
+        if request.parameters and deadlines.apply_timeout_parameter(request, trio.current_time()):
+            return RequestHandle(lambda handle, send: self._by_deadline(request, endpoint, send))
         if log.isEnabledFor(VERBOSE):  # the logged way: in the awaiting task
             return RequestHandle(lambda handle, send: self._logged_infer(request, endpoint, send))
         return self._start(request, endpoint)
+
+    async def _by_deadline(self, request: InferenceRequest, endpoint: str, send: SendResponse) -> None:
+        """:meth:`start`'s request with a deadline: UNAVAILABLE "Request timeout expired" when it
+        passes first (the request is cancelled: dropped if queued, its result discarded if
+        running, nothing of it starts after). Cancellation: as :meth:`infer`."""
+        deadline = request.deadline
+        assert deadline is not None
+        if trio.current_time() >= deadline:
+            raise deadlines.timeout_expired()
+        response = None
+        with trio.move_on_at(deadline):
+            try:
+                if log.isEnabledFor(VERBOSE):
+                    response = await self._logged(self._started(request, endpoint), request)
+                else:
+                    response = await self._start(request, endpoint).wait()
+            except TritonError as e:  # dropped by the executor at its deadline (deadlines.expired)
+                if e.code is not Code.CANCELLED or trio.current_time() < deadline:
+                    raise
+        if response is None:
+            raise deadlines.timeout_expired()
+        await send(response)
+
+    async def _stream_by_deadline(self, request: InferenceRequest, forwarded: bool, send: SendResponse) -> None:
+        """:meth:`start_stream`'s request with a deadline (see :meth:`_by_deadline`): the responses
+        sent before it stand, then UNAVAILABLE "Request timeout expired"."""
+        deadline = request.deadline
+        assert deadline is not None
+        if trio.current_time() >= deadline:
+            raise deadlines.timeout_expired()
+        dropped = False
+        with trio.move_on_at(deadline) as scope:
+            try:
+                await self._start_stream(request, forwarded).stream(send)
+            except TritonError as e:
+                if e.code is not Code.CANCELLED or trio.current_time() < deadline:
+                    raise
+                dropped = True
+        if dropped or scope.cancelled_caught:
+            raise deadlines.timeout_expired()
 
     def _start(self, request: InferenceRequest, endpoint: str) -> RequestHandle:
         """:meth:`start` without its logging."""
@@ -360,6 +405,12 @@ class Server:
         the first response (later errors arrive as responses with ``error`` set).
         Cancellation: cancelling the task in ``stream`` cancels the request.
         """
+        if request.parameters and deadlines.apply_timeout_parameter(request, trio.current_time()):
+            return RequestHandle(lambda handle, send: self._stream_by_deadline(request, forwarded, send))
+        return self._start_stream(request, forwarded)
+
+    def _start_stream(self, request: InferenceRequest, forwarded: bool) -> RequestHandle:
+        """:meth:`start_stream` without its deadline."""
         try:
             mv = self.repository.get(request.model_name, request.model_version)
         except TritonError:

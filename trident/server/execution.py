@@ -601,9 +601,12 @@ class BatchExecutor:
         return response
 
     def _live(self, batch: list[Pending]) -> list[Pending]:
-        """The requests of ``batch`` not cancelled (the others are dropped)."""
+        """The requests of ``batch`` not cancelled (the others are dropped); a request whose
+        deadline has passed is cancelled here, so it never starts (README "Deadlines")."""
         live = []
         for p in batch:
+            if p.request.deadline is not None and trio.current_time() >= p.request.deadline:
+                p.request.cancel()
             if p.request.cancelled:
                 self.model.on_drop(p)
             else:

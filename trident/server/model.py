@@ -50,6 +50,7 @@ from trident.errors import Code, TritonError, internal, unavailable, unsupported
 from trident.observability.model_metrics import observer_for
 from trident.observability.stats import BACKEND, CANCELED, OTHER, REJECTED, StatsRecorder
 from trident.protocol.generated.inference import ModelConfig
+from trident.server import deadlines
 from trident.server.execution import BatchExecutor, InFlight, Pending
 from trident.server.handle import RequestHandle
 from trident.server.worker_threads import open_thread_nursery
@@ -417,7 +418,8 @@ class ModelVersion:
             self.inflight.leave()
             if response is None:  # cancelled: the queue drops it; a running execution's result is discarded
                 request.cancel()
-                self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
+                self.stats.record_failure(time.monotonic_ns() - request.arrival_ns,
+                                          reason=deadlines.cancel_reason(request, trio.current_time()))
                 return
             if response.error is None and self.latency is not None:
                 self.latency.first_response(time.monotonic_ns() - request.arrival_ns)
@@ -445,7 +447,8 @@ class ModelVersion:
             response = await handle.receive()
         except trio.Cancelled:
             request.cancel()
-            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
+            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns,
+                                      reason=deadlines.cancel_reason(request, trio.current_time()))
             raise
         finally:
             self.inflight.leave()
@@ -585,7 +588,8 @@ class ModelVersion:
                         return
         except trio.Cancelled:
             request.cancel()
-            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns, reason=CANCELED)
+            self.stats.record_failure(time.monotonic_ns() - request.arrival_ns,
+                                      reason=deadlines.cancel_reason(request, trio.current_time()))
             raise
         finally:
             if trace is not None and self._tracer is not None:
