@@ -17,7 +17,9 @@ Case groups (``--cases`` takes groups and single cases, comma separated):
   floats), ``grpc_gzip_bomb`` (a compressed message inflating to 256 MiB), ``grpc_rapid_reset``
   (HEADERS+DATA+RST_STREAM x 20,000 on one connection), ``settings_flood``, ``ping_flood``,
   ``empty_data_flood`` (100k frames each), ``continuation_flood`` (HEADERS without END_HEADERS,
-  then CONTINUATION frames of 16 KiB, 64 MiB in all), ``max_streams`` (the advertised
+  then CONTINUATION frames of 16 KiB, 64 MiB in all), ``huffman_header_flood`` (20 ModelInfer
+  calls in one write, each with an 80,000-character header Huffman-coded to ~60 KB: over the
+  64 KiB header list size, each answered RESOURCE_EXHAUSTED), ``max_streams`` (the advertised
   MAX_CONCURRENT_STREAMS + 1 streams opened: GOAWAY or RST_STREAM REFUSED_STREAM, and whether
   the connection still answers a PING).
 * ``pinned``: ``--pinned-conns`` connections (default 50, not scaled) x 8 streams, each stream sending only a 5-byte gRPC
@@ -707,6 +709,63 @@ async def case_continuation_flood(args, nursery) -> str:
     return f"sent {sent}/{total} CONTINUATION ({sent * 16384 >> 20} MiB): " + conn.seen.summary()
 
 
+_HUFFMAN_LITERALS: dict[int, bytes] = {}
+
+
+def huffman_literal(size: int) -> bytes:
+    """A never-indexed header field ``x-big`` whose value, ``size`` random letters and digits, is
+    Huffman-coded (RFC 7541 §5.2, §6.2.3); built in linear time and cached (hpack's encoder takes
+    about a second for 80 KB, which would stall the probe's own victims)."""
+    if size not in _HUFFMAN_LITERALS:
+        from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
+
+        rng = np.random.default_rng(size)
+        value = rng.choice(np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", np.uint8), size).tobytes()
+        codes = [format(c, f"0{n}b") for c, n in zip(REQUEST_CODES, REQUEST_CODES_LENGTH, strict=False)]
+        bits = "".join(codes[b] for b in value)
+        bits += "1" * (-len(bits) % 8)
+        coded = int(bits, 2).to_bytes(len(bits) // 8, "big")
+        length, n = bytearray([0xFF]), len(coded) - 0x7F  # H bit, 7-bit prefix full, then the rest
+        while n >= 0x80:
+            length.append((n & 0x7F) | 0x80)
+            n >>= 7
+        length.append(n)
+        _HUFFMAN_LITERALS[size] = b"\x10\x05x-big" + bytes(length) + coded
+    return _HUFFMAN_LITERALS[size]
+
+
+def _huffman_flood_size(args) -> tuple[int, int]:
+    return max(1, int(20 * args.scale)), max(200, int(80_000 * args.scale))
+
+
+async def case_huffman_header_flood(args, nursery) -> str:
+    conn = await RawH2.connect(nursery, args.grpc_addr)
+    count, size = _huffman_flood_size(args)
+    literal = huffman_literal(size)
+    message = grpc_frame(model_infer_request(args.model, args.input, np.zeros(16, np.float32)))
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", GRPC_PATH), (":authority", "127.0.0.1"),
+               ("content-type", "application/grpc"), ("te", "trailers")]
+    batch = bytearray()
+    sids = []
+    for _ in range(count):
+        sid = conn.new_stream()
+        sids.append(sid)
+        block = conn.encoder.encode(headers) + literal
+        batch += hf.HeadersFrame(sid, data=block, flags=["END_HEADERS"]).serialize()
+        batch += RawH2.data_frames(sid, message, end_stream=True)
+    await conn.send(batch)
+    with trio.move_on_after(args.case_wait):
+        for sid in sids:
+            await conn.done[sid].wait()
+    statuses: dict[str, int] = {}
+    for sid in sids:
+        status, _ = grpc_status(conn.headers.get(sid, []))
+        statuses[str(status)] = statuses.get(str(status), 0) + 1
+    await conn.aclose()
+    return (f"{count} x {len(literal) >> 10} KiB Huffman-coded header; grpc-status {statuses}; "
+            + conn.seen.summary())
+
+
 async def case_max_streams(args, nursery) -> str:
     conn = await RawH2.connect(nursery, args.grpc_addr)
     advertised = conn.seen.settings.get(hf.SettingsFrame.MAX_CONCURRENT_STREAMS)
@@ -744,6 +803,7 @@ STALL_CASES = {
     "ping_flood": case_ping_flood,
     "empty_data_flood": case_empty_data_flood,
     "continuation_flood": case_continuation_flood,
+    "huffman_header_flood": case_huffman_header_flood,
     "max_streams": case_max_streams,
 }
 
@@ -752,6 +812,8 @@ async def run_stall(args, emit, case_names: list[str]) -> None:
     values = np.arange(16, dtype=np.float32)
     victims = Victims(args, values)
     stop = trio.Event()
+    if "huffman_header_flood" in case_names:
+        huffman_literal(_huffman_flood_size(args)[1])  # before the victims run: it takes a while
     async with trio.open_nursery() as nursery:
         nursery.start_soon(victims.run, stop)
         await trio.sleep(args.baseline_secs)
