@@ -8,9 +8,11 @@ Input layout: the first byte is the mode, the rest the client's bytes.
 * bits 4-7: what the consumer does with the events: acknowledge DATA, answer requests (headers,
   a DATA message, trailers), reset every third stream, send PINGs and GOAWAY.
 
-Two servers are fed the same chunks, one with the HPACK caches and one without: their events
-and their output must be equal byte for byte (a cached result is exactly what decoding or
-encoding gives). Accepted outcome: :class:`~trident.protocol.http2.ProtocolError` (after which
+Two servers are fed the same chunks, one with the HPACK caches and large header blocks decoded
+in pieces of 256 bytes (each chunk's pending block run to the end with ``continue_headers``),
+one without caches decoding every block whole: their events and their output must be equal
+byte for byte (a cached result is exactly what decoding or encoding gives, and decoding in
+pieces what decoding whole gives). Accepted outcome: :class:`~trident.protocol.http2.ProtocolError` (after which
 the last frame sent must be a GOAWAY with its code); any other exception is a bug, and so is
 output beyond 64 bytes per input byte plus 4 KiB, a DATA event carrying more bytes than its
 flow-controlled length, or a stream table larger than ``max_open_streams``.
@@ -36,7 +38,8 @@ TRAILERS_OK = ((b"grpc-status", b"0"),)
 def _server(cache: bool) -> http2.H2Server:
     s = http2.H2Server(max_concurrent_streams=MAX_STREAMS, initial_window_size=65535, max_frame_size=16384,
                        max_header_list_size=8192, max_header_list_hard=65536, max_header_block=32768,
-                       max_open_streams=MAX_STREAMS, connection_window=1 << 20, header_cache=cache)
+                       max_open_streams=MAX_STREAMS, connection_window=1 << 20, header_cache=cache,
+                       header_step=256 if cache else 0)
     s.initiate_connection()
     return s
 
@@ -105,6 +108,11 @@ def one_input(data: bytes) -> None:
                 continue
             try:
                 events = s.receive_data(chunk)
+                for _ in range(len(body) + 1):  # a large block pending: its pieces, then what followed
+                    if s.header_work is None:
+                        break
+                    events += s.continue_headers()
+                assert s.header_work is None
             except http2.ProtocolError as e:
                 errors[i] = e.error_code
                 out = s.data_to_send()
