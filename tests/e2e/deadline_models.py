@@ -110,7 +110,7 @@ def read_markers(marker: Path, request_id: str) -> list[tuple[str, float]]:
         return []
     rows = []
     for line in marker.read_text().splitlines():
-        model, rid, started = line.split()
+        model, rid, started = line.split(" ")  # a request without an id has an empty field
         if rid == request_id:
             rows.append((model, float(started)))
     return sorted(rows, key=lambda row: row[1])

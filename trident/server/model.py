@@ -544,9 +544,11 @@ class ModelVersion:
                     await self._send_cached(pending, cached, send, lookup_start, lookup_ns)
                     return
             # an idle instance and nothing queued: run it here and now (not a decoupled model:
-            # its responses must be consumed while it executes)
+            # its responses must be consumed while it executes; not a request with a deadline:
+            # run by the scheduler's worker, its task can leave at the deadline while the call
+            # it started runs on)
             await trio.lowlevel.checkpoint_if_cancelled()  # a caller already cancelled runs nothing
-            slot = None if self.decoupled else self.scheduler.claim()
+            slot = None if self.decoupled or request.deadline is not None else self.scheduler.claim()
             if slot is not None:
                 try:
                     await self.executor(slot.instance, [pending], direct=True)
