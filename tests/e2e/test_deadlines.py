@@ -183,3 +183,26 @@ def test_other_clients_unaffected(server, marker):
     assert len(errors) == 1 and "Request timeout expired" in str(errors[0])
     assert grpc.infer("ens3", grpc_inputs(2.0)).as_numpy("Y").tolist() == [5.0]
     assert grpc.infer("b1", grpc_inputs(2.0)).as_numpy("Y").tolist() == [3.0]
+
+
+def test_stream_request_timeout_stops_the_ensemble(server, marker):
+    """A ModelStreamInfer request's own ``timeout`` is its deadline: the stream gets the error
+    response, the third step never starts, and the stream goes on serving."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: list = []
+    client.start_stream(callback=lambda result, error: results.append((result, error)))
+    try:
+        client.async_stream_infer("ens3", grpc_inputs(), request_id="stream-late", timeout=TIMEOUT_US)
+        client.async_stream_infer("fast", grpc_inputs(7.0), request_id="stream-after")
+        deadline = time.monotonic() + 30
+        while len(results) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        client.stop_stream()
+    errors = [error for _, error in results if error is not None]
+    answers = [result.as_numpy("Y").tolist() for result, error in results if error is None]
+    assert len(errors) == 1 and "Request timeout expired" in str(errors[0]), errors
+    assert answers == [[8.0]]
+    ran = started(marker, "stream-late")
+    assert ran[:1] == ["s1"] and "s3" not in ran, ran
