@@ -182,7 +182,7 @@ class H2Server:
                  max_frame_size: int = MIN_FRAME_SIZE, max_header_list_size: int = 64 * 1024,
                  max_header_list_hard: int = 1024 * 1024, max_header_block: int = 256 * 1024,
                  max_open_streams: int = 1 << 16, connection_window: int = MAX_WINDOW,
-                 header_cache: bool = True, header_step: int = 16 * 1024) -> None:
+                 header_cache: bool = True, header_step: int = 4 * 1024) -> None:
         if not MIN_FRAME_SIZE <= max_frame_size <= MAX_FRAME_SIZE_LIMIT:
             raise ValueError(f"max_frame_size {max_frame_size} outside [{MIN_FRAME_SIZE}, {MAX_FRAME_SIZE_LIMIT}]")
         if not 0 <= initial_window_size <= MAX_WINDOW or not DEFAULT_WINDOW <= connection_window <= MAX_WINDOW:

@@ -35,7 +35,8 @@ Limits (every size, count and time a client controls is bounded; see
   the engine does: rapid resets, control-frame floods and oversized header blocks get GOAWAY
   ENHANCE_YOUR_CALM, and a chunk is handed to the engine in slices of at most 64 frames (and
   about 16 KiB of large header blocks: one 60 KB block is a slice) with a checkpoint between
-  them; client PINGs follow gRPC core's strike policy
+  them, and trident's engine decodes a header block of 4 KiB or more in 4 KiB pieces with a
+  checkpoint between them (its ``header_work``); client PINGs follow gRPC core's strike policy
   (:class:`~trident.protocol.h2_guard.PingPolicy`);
 * a HEADERS frame beyond MAX_CONCURRENT_STREAMS is refused with RST_STREAM(REFUSED_STREAM)
   (the engine's own limit is set higher, so it never ends the connection), and a header list
