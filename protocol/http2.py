@@ -31,15 +31,18 @@ Connection errors (§5.4.1) queue a GOAWAY with the error code and raise :class:
 the connection is then dead (later input is ignored). Stream errors queue a RST_STREAM and,
 for a stream the consumer knows, give a RESET event.
 
-HPACK (RFC 7541) is the ``hpack`` library's, behind :class:`~trident.protocol.http2_headers.HeaderCodec`
+HPACK (RFC 7541: decoding :mod:`trident.protocol.hpack_decoder`, encoding the ``hpack``
+library's) is behind :class:`~trident.protocol.http2_headers.HeaderCodec`
 with its two caches: decoded (and validated) request header blocks keyed by the block's bytes,
 and encoded response blocks keyed by the header tuple, each used only while the HPACK table it
 depends on is unchanged, so a cached result is exactly what decoding or encoding would give.
 
 Every count and size the client controls is bounded: header blocks (``max_header_block``
-compressed bytes, ``max_header_list_hard`` decoded), open streams (``max_open_streams``; past it
-REFUSED_STREAM), the memory of streams reset (a bounded set), buffered partial frames (one frame,
-at most ``max_frame_size``). Control-frame floods are counted by the transport's
+compressed bytes, ``max_header_list_hard`` decoded; the work of one call: a block of
+``header_step`` bytes or more is decoded in pieces, see :class:`H2Server`), open streams
+(``max_open_streams``; past it REFUSED_STREAM), the memory of streams reset (a bounded set),
+buffered partial frames (one frame, at most ``max_frame_size``; while a block is decoded in
+pieces, the rest of the input given meanwhile, which the transport does not read on until then). Control-frame floods are counted by the transport's
 :class:`~trident.protocol.h2_guard.FrameGuard`.
 
 Nothing here does I/O, reads a clock or imports trident's server layers.
