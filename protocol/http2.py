@@ -42,8 +42,8 @@ compressed bytes, ``max_header_list_hard`` decoded; the work of one call: a bloc
 ``header_step`` bytes or more is decoded in pieces, see :class:`H2Server`), open streams
 (``max_open_streams``; past it REFUSED_STREAM), the memory of streams reset (a bounded set),
 buffered partial frames (one frame, at most ``max_frame_size``; while a block is decoded in
-pieces, the rest of the input given meanwhile, which the transport does not read on until then). Control-frame floods are counted by the transport's
-:class:`~trident.protocol.h2_guard.FrameGuard`.
+pieces, the input given meanwhile: the transport reads no more until then). Control-frame
+floods are counted by the transport's :class:`~trident.protocol.h2_guard.FrameGuard`.
 
 Nothing here does I/O, reads a clock or imports trident's server layers.
 """
