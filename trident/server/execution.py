@@ -29,6 +29,7 @@ from trident.batching import rounds
 from trident.batching.outputs import finish_outputs
 from trident.config import INLINE_MODES, INLINE_PARAMETER
 from trident.errors import Code, TritonError, internal
+from trident.server import deadlines
 from trident.server.handle import RequestHandle
 from trident.types import InferenceRequest, InferenceResponse, TensorSpec
 
@@ -602,11 +603,13 @@ class BatchExecutor:
 
     def _live(self, batch: list[Pending]) -> list[Pending]:
         """The requests of ``batch`` not cancelled (the others are dropped); a request whose
-        deadline has passed is cancelled here, so it never starts (README "Deadlines")."""
+        deadline has passed never starts: it is answered UNAVAILABLE "Request timeout expired"
+        (README "Deadlines"; its caller's own cancel scope usually got there first)."""
         live = []
         for p in batch:
-            if p.request.deadline is not None and trio.current_time() >= p.request.deadline:
-                p.request.cancel()
+            if p.request.deadline is not None and trio.current_time() >= p.request.deadline and not p.request.cancelled:
+                p.request.responder.send(InferenceResponse(error=deadlines.timeout_expired()), final=True)
+                continue
             if p.request.cancelled:
                 self.model.on_drop(p)
             else:

@@ -385,3 +385,23 @@ async def test_poll_mode_applies_a_count_change_in_place(tmp_path):
         assert server.repository.get("polled") is mv and len(mv.instances) == 2
         await server.repository.poll_once()  # nothing changed since: nothing happens
         assert len(mv.instances) == 2 and sorted(events(folder, "init")) == ["polled_0_0", "polled_0_1"]
+
+
+async def test_expired_deadline_is_never_executed(tmp_path):
+    """A queued request whose deadline passed is dropped when its turn comes, even where no cancel
+    scope has fired for it yet (the executor's check, README "Deadlines"): it never executes,
+    its caller gets Triton's timed-out status, and the next request runs."""
+    write_model(tmp_path, "dl", "dynamic_batching { }", max_batch_size=1)
+    async with open_server(options(tmp_path)) as server:
+        async with trio.open_nursery() as nursery:
+            await start_blocker(server, nursery, "dl", 0.3)
+            late = request("dl", 0.0)
+            late.deadline = trio.current_time() + 0.05  # as an ensemble step or BLS call carries it
+            with trio.fail_after(10), pytest.raises(TritonError) as e:
+                await server.infer(late)
+        after = await server.infer(request("dl", 0.0))
+        stats = server.model_statistics("dl")[0]
+    assert (e.value.code, e.value.message) == (Code.UNAVAILABLE, "Request timeout expired")
+    assert int(after.output("ORDER").data[0, 0]) == 1  # the blocker ran, then this one: not the late one
+    assert stats.execution_count == 2
+    assert [row[1] for row in read_log(tmp_path / "dl") if row[1] == "exec"] == ["exec", "exec"]
