@@ -8,6 +8,10 @@ decode cache (a cache hit costs the same either way): a later block of a connect
 indexed by the first), the same with a per-call grpc-timeout literal, and a new connection's
 first block plus a later one (decoder made per pair); then a 60 KB Huffman-coded header value
 and 16,000 small literal fields (80 KB). Prints the best per-block time of each decoder.
+
+Then the longest single call into trident's HTTP/2 engine (``receive_data`` or one
+``continue_headers`` piece: the event loop's longest turn for that connection) for one large
+block, decoded whole (``header_step=0``, as before) and in the default pieces.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable
 
 import hpack
 
+from trident.protocol import http2
 from trident.protocol.hpack_decoder import Decoder
 
 GRPC_HEADERS = [
@@ -87,6 +92,42 @@ def main() -> None:
             a = min(a, best(after, number, args.rounds))
         unit, scale = ("us", 1e6) if b < 1e-3 else ("ms", 1e3)
         print(f"{name:80} {b * scale:11.2f} {unit} {a * scale:11.2f} {unit} {b / a:6.2f}")
+    engine_calls()
+
+
+def longest_call(block: bytes, header_step: int) -> float:
+    """Seconds of the longest engine call for one HEADERS frame carrying ``block``."""
+    s = http2.H2Server(max_frame_size=1 << 20, header_step=header_step)
+    s.initiate_connection()
+    s.receive_data(http2.PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+    frame = len(block).to_bytes(3, "big") + b"\x01\x05\x00\x00\x00\x01" + block
+    t = time.perf_counter()
+    longest = 0.0
+    try:
+        s.receive_data(frame)
+        longest = time.perf_counter() - t
+        while s.header_work is not None:
+            t = time.perf_counter()
+            s.continue_headers()
+            longest = max(longest, time.perf_counter() - t)
+    except http2.ProtocolError:  # the hard limit: the connection ends
+        longest = max(longest, time.perf_counter() - t)
+    return longest
+
+
+def engine_calls() -> None:
+    request = hpack.Encoder().encode(GRPC_HEADERS[:6], huffman=True)
+    big = request + hpack.Encoder().encode(
+        [hpack.NeverIndexedHeaderTuple(b"x-big", (b"abcdefghijklmnopqrstuvwxyz0123456789" * 3000)[:75_000])],
+        huffman=True)
+    literals = request + b"\x00\x01a\x01b" * 50_000  # 250 KB: past the 1 MiB hard limit after ~30,800 fields
+    step = http2.H2Server().header_step
+    print(f"\n{'longest engine call for one block':80} {'whole':>14} {f'{step} B pieces':>14}")
+    for name, block in ((f"60 KB Huffman-coded value ({len(big)} B)", big),
+                        (f"50,000 small literals ({len(literals)} B, ends the connection)", literals)):
+        whole = min(longest_call(block, 0) for _ in range(3))
+        pieces = min(longest_call(block, step) for _ in range(3))
+        print(f"{name:80} {whole * 1e3:11.2f} ms {pieces * 1e3:11.2f} ms")
 
 
 if __name__ == "__main__":
