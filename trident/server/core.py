@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -39,6 +39,7 @@ from trident.types import (
 )
 
 log = logging.getLogger("trident.server")
+T = TypeVar("T")
 
 EXTENSIONS = [
     "classification",
@@ -288,44 +289,39 @@ class Server:
         return self._start(request, endpoint)
 
     async def _by_deadline(self, request: InferenceRequest, endpoint: str, send: SendResponse) -> None:
-        """:meth:`start`'s request with a deadline: UNAVAILABLE "Request timeout expired" when it
-        passes first (the request is cancelled: dropped if queued, its result discarded if
-        running, nothing of it starts after). Cancellation: as :meth:`infer`."""
-        deadline = request.deadline
-        assert deadline is not None
-        if trio.current_time() >= deadline:
-            raise deadlines.timeout_expired()
-        response = None
-        with trio.move_on_at(deadline):
-            try:
-                if log.isEnabledFor(VERBOSE):
-                    response = await self._logged(self._started(request, endpoint), request)
-                else:
-                    response = await self._start(request, endpoint).wait()
-            except TritonError as e:  # dropped by the executor at its deadline (deadlines.expired)
-                if e.code is not Code.CANCELLED or trio.current_time() < deadline:
-                    raise
-        if response is None:
-            raise deadlines.timeout_expired()
+        """:meth:`start`'s request with a deadline: its response, or UNAVAILABLE "Request
+        timeout expired" when the deadline passes first (see :meth:`_within_deadline`).
+        Cancellation: as :meth:`infer`."""
+        if log.isEnabledFor(VERBOSE):
+            response = await self._within_deadline(request, lambda: self._logged(self._started(request, endpoint),
+                                                                                 request))
+        else:
+            response = await self._within_deadline(request, lambda: self._start(request, endpoint).wait())
         await send(response)
 
     async def _stream_by_deadline(self, request: InferenceRequest, forwarded: bool, send: SendResponse) -> None:
-        """:meth:`start_stream`'s request with a deadline (see :meth:`_by_deadline`): the responses
-        sent before it stand, then UNAVAILABLE "Request timeout expired"."""
+        """:meth:`start_stream`'s request with a deadline: the responses sent before it stand,
+        then UNAVAILABLE "Request timeout expired" (see :meth:`_within_deadline`)."""
+        await self._within_deadline(request, lambda: self._start_stream(request, forwarded).stream(send))
+
+    @staticmethod
+    async def _within_deadline(request: InferenceRequest, call: Callable[[], Awaitable[T]]) -> T:
+        """``await call()`` until ``request.deadline``: its result, or UNAVAILABLE "Request timeout
+        expired" when the deadline passes first (the request is cancelled: dropped if queued, its
+        result discarded if running, nothing of it starts after; the executor's own drop at the
+        deadline, a CANCELLED error, is answered the same). Raises what ``call`` raises before
+        the deadline."""
         deadline = request.deadline
         assert deadline is not None
         if trio.current_time() >= deadline:
             raise deadlines.timeout_expired()
-        dropped = False
-        with trio.move_on_at(deadline) as scope:
+        with trio.move_on_at(deadline):
             try:
-                await self._start_stream(request, forwarded).stream(send)
-            except TritonError as e:
+                return await call()
+            except TritonError as e:  # dropped by the executor at its deadline (deadlines.expired)
                 if e.code is not Code.CANCELLED or trio.current_time() < deadline:
                     raise
-                dropped = True
-        if dropped or scope.cancelled_caught:
-            raise deadlines.timeout_expired()
+        raise deadlines.timeout_expired()
 
     def _start(self, request: InferenceRequest, endpoint: str) -> RequestHandle:
         """:meth:`start` without its logging."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import abc
 import enum
 import errno
 import logging
@@ -59,7 +60,7 @@ def _ignored(name: str, value: Any, default: Any, why: str) -> None:
         log.warning("ignoring %s=%s: %s", name, value, why)
 
 
-class _FrontEnd:
+class _FrontEnd(abc.ABC):
     """What the three share: the server, the service on its loop, start/stop/with."""
 
     _name = ""
@@ -77,8 +78,10 @@ class _FrontEnd:
         self._options: Any = options
         self._service: Service | None = None
 
+    @abc.abstractmethod
     async def _serve(self, server: CoreServer, shutdown: Any, task_status: Any) -> None:
-        raise NotImplementedError
+        """Serve this front end for ``server`` until ``await shutdown()`` returns
+        (``task_status.started()`` once it listens)."""
 
     @property
     def port(self) -> int:
