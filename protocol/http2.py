@@ -300,8 +300,10 @@ class H2Server:
                 self._hpack_failed(e)
             self.header_work = None
             self._header_block_decoded(work.stream_id, work.flags, entry, events, work.self_dependent)
-            if self._in:
-                self._receive(b"", events)
+            if self._in:  # the input kept behind the block, parsed as if it had just arrived
+                kept = bytes(self._in)
+                self._in.clear()
+                self._frames(memoryview(kept), 0, events, owned=True)
         except ProtocolError:
             self.closed = True
             raise
@@ -345,15 +347,17 @@ class H2Server:
                 self._frames(view, pos, events, owned)
 
     def _pending_need(self) -> int:
-        """Bytes still missing from the partial unit in ``_in``: a frame header, a whole frame
-        that is not DATA, or a padded DATA frame's header and pad length (DATA streams)."""
+        """Bytes still missing from the first unit in ``_in``: a frame header, a whole frame
+        that is not DATA, or a padded DATA frame's header and pad length (DATA streams); 0 when
+        it is whole. ``_in`` holds more than one unit only behind a large header block
+        (:attr:`header_work`): never less than 0, or :meth:`_receive` would loop on it."""
         buf = self._in
         if len(buf) < 9:
             return 9 - len(buf)
         if buf[3] == DATA_FRAME:
             return max(0, 10 - len(buf)) if buf[4] & FLAG_PADDED and (buf[0] or buf[1] or buf[2]) else 0
         length = (buf[0] << 16) | (buf[1] << 8) | buf[2]
-        return 9 + length - len(buf)
+        return max(0, 9 + length - len(buf))
 
     def _data_run(self, view: memoryview, pos: int, stream: _Stream, events: list[Any], owned: bool) -> int:
         """After a whole DATA frame of ``stream`` (its event last in ``events``): the whole DATA

@@ -1137,3 +1137,49 @@ def test_rfc7541_errors_found_in_a_later_piece_end_the_connection():
     s = server(max_frame_size=1 << 20, header_step=4096)
     assert s.receive_data(Client().headers(1, headers=REQUEST_HEADERS[1:], extra=BIG)) == []
     assert finish(s)[0] == [] and resets(sent(s)) == rst(1, PROTOCOL_ERROR)
+
+
+def test_rfc7541_frames_kept_behind_a_large_block_are_all_read_whatever_comes_first():
+    """Found by fuzzing: a large block followed, in the same read, by two whole frames the first
+    of which is not DATA left more than one frame in the kept input, and the server looped on it
+    for ever (the event loop stalled: every client's). Each order, each way of cutting the reads,
+    gives the events of a server that decodes the block whole."""
+    ping = PingFrame(0, opaque_data=b"12345678").serialize()
+    window = WindowUpdateFrame(0, window_increment=100).serialize()
+    for tail in ((ping, ping), (ping, "h3"), ("h3", ping, "d3"), (window, ping, "h3"), ("d1", ping, "h3")):
+        c_whole, c_pieces = Client(), Client()
+        streams = []
+        for c in (c_whole, c_pieces):
+            parts = [c.headers(1, extra=BIG)]
+            for part in tail:
+                parts.append(c.headers(3) if part == "h3" else data(3, b"m", end_stream=True) if part == "d3"
+                             else data(1, b"m", end_stream=True) if part == "d1" else part)
+            streams.append(b"".join(parts))
+        assert streams[0] == streams[1]
+        whole = server(max_frame_size=1 << 20, header_step=0)
+        expected = whole.receive_data(streams[0])
+        expected_out = whole.data_to_send()
+        for cut in (len(streams[0]), len(streams[0]) - 9, 5000):
+            s = server(max_frame_size=1 << 20, header_step=4096)
+            events = s.receive_data(streams[1][:cut])
+            events += finish(s)[0]
+            events += s.receive_data(streams[1][cut:])
+            events += finish(s)[0]
+            assert [e[:2] for e in events] == [e[:2] for e in expected], (tail, cut)
+            assert s.data_to_send() == expected_out
+
+
+def test_rfc9113_4_2_a_frame_over_the_size_limit_behind_a_large_block_is_found_when_its_header_is():
+    """Found by fuzzing: the frame header kept behind a pending block waited for the frame's
+    whole (over-size) length before being checked; a server decoding the block whole fails in
+    the same read, so this one must fail once the block is done, not on some later read."""
+    c = Client()
+    chunk = c.headers(1, extra=BIG) + struct.pack(">I", 1 << 20)[1:] + b"\x06\x00\x00\x00\x00\x00"
+    whole = server(max_frame_size=1 << 16, header_step=0)
+    connection_error(whole, chunk, FRAME_SIZE_ERROR)
+    s = server(max_frame_size=1 << 16, header_step=4096)
+    assert s.receive_data(chunk) == [] and s.header_work is not None
+    with pytest.raises(ProtocolError) as info:
+        finish(s)
+    assert info.value.error_code == FRAME_SIZE_ERROR and s.closed
+    assert isinstance(sent(s)[-1], GoAwayFrame)
