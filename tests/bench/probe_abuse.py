@@ -14,7 +14,8 @@ Case groups (``--cases`` takes groups and single cases, comma separated):
   connection got back (HTTP status, GOAWAY + code, RST_STREAM codes, or nothing / held).
   Cases: ``http_gzip_bomb`` (~254 KiB of gzip inflating to 256 MiB of zeros),
   ``http_json_bytes`` (~60 MiB: one BYTES input of 15M "" elements), ``http_json_floats`` (12M
-  floats), ``grpc_gzip_bomb`` (a compressed message inflating to 256 MiB), ``grpc_rapid_reset``
+  floats), ``http_binary_bytes`` (~57 MiB: the same 15M "" elements as binary data, 4-byte
+  length prefixes), ``grpc_gzip_bomb`` (a compressed message inflating to 256 MiB), ``grpc_rapid_reset``
   (HEADERS+DATA+RST_STREAM x 20,000 on one connection), ``settings_flood``, ``ping_flood``,
   ``empty_data_flood`` (100k frames each), ``continuation_flood`` (HEADERS without END_HEADERS,
   then CONTINUATION frames of 16 KiB, 64 MiB in all), ``huffman_header_flood`` (20 ModelInfer
@@ -617,6 +618,28 @@ async def case_http_json_floats(args, nursery) -> str:
     return await http_post(args, infer_path(args), body, [("content-type", "application/json")], args.case_wait)
 
 
+_BINARY_BODIES: dict[tuple[int, str], tuple[bytes, int]] = {}
+
+
+def binary_bytes_body(args) -> tuple[bytes, int]:
+    """The binary infer body of ``http_binary_bytes`` (15M empty BYTES elements, 4-byte length
+    prefixes: ~57 MiB) and its JSON header's length, cached like :func:`json_body`."""
+    n = max(1, int(15_000_000 * args.scale))
+    key = (n, args.input)
+    if key not in _BINARY_BODIES:
+        header = (b'{"inputs":[{"name":"' + args.input.encode() + b'","shape":[' + str(n).encode()
+                  + b'],"datatype":"BYTES","parameters":{"binary_data_size":' + str(4 * n).encode() + b"}}]}")
+        _BINARY_BODIES[key] = (header + b"\x00\x00\x00\x00" * n, len(header))
+    return _BINARY_BODIES[key]
+
+
+async def case_http_binary_bytes(args, nursery) -> str:
+    body, header_length = binary_bytes_body(args)
+    return await http_post(args, infer_path(args), body, [("content-type", "application/octet-stream"),
+                                                          ("inference-header-content-length", str(header_length))],
+                           args.case_wait)
+
+
 async def case_grpc_gzip_bomb(args, nursery) -> str:
     conn = await RawH2.connect(nursery, args.grpc_addr)
     sid = conn.new_stream()
@@ -797,6 +820,7 @@ STALL_CASES = {
     "http_gzip_bomb": case_http_gzip_bomb,
     "http_json_bytes": case_http_json_bytes,
     "http_json_floats": case_http_json_floats,
+    "http_binary_bytes": case_http_binary_bytes,
     "grpc_gzip_bomb": case_grpc_gzip_bomb,
     "grpc_rapid_reset": case_grpc_rapid_reset,
     "settings_flood": case_settings_flood,
@@ -1132,6 +1156,8 @@ async def amain(args) -> None:
         for case, datatype in (("http_json_bytes", "BYTES"), ("http_json_floats", "FP32")):
             if case in stall:
                 json_body(args, datatype)  # likewise
+        if "http_binary_bytes" in stall:
+            binary_bytes_body(args)
         await run_stall(args, emit, stall)
     for variant in ("pinned_prefix", "pinned_payload"):
         if variant in selected:

@@ -53,6 +53,35 @@ def test_bytes_round_trip(items):
     assert back.tolist() == items
 
 
+@given(st.integers(0, 6), st.lists(st.integers(0, 2), min_size=1, max_size=30), st.data())
+def test_bytes_of_one_length_read_with_strides_are_what_the_walk_gives(width, seeds, data):
+    """Elements that all have one length take the strided path: NUL bytes anywhere (trailing
+    ones included) come back exactly, as bytes objects."""
+    items = [bytes(data.draw(st.sampled_from([0, 1, 0xFF])) for _ in range(width)) for _ in seeds]
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = items
+    wire = dt.serialize_bytes(arr)
+    back = dt.deserialize_bytes(wire, len(items))
+    assert back.dtype == object and back.tolist() == items
+    assert all(type(x) is bytes for x in back)
+    assert dt.deserialize_bytes(wire).tolist() == items  # the walk (no count) agrees
+    for wrong in (len(items) - 1, len(items) + 1):
+        if wrong > 0:
+            with pytest.raises(ValueError):
+                dt.deserialize_bytes(wire, wrong)
+
+
+def test_bytes_of_one_length_but_a_different_prefix_inside_are_walked():
+    """Two elements of total size 2 x (4 + 3) whose second prefix is not 3: the strided read
+    must not take it for two elements of 3 bytes."""
+    wire = b"\x03\x00\x00\x00abc" + b"\x02\x00\x00\x00de" + b"\x00\x00\x00\x00" + b"\x00"
+    with pytest.raises(ValueError):
+        dt.deserialize_bytes(wire, 2)
+    wire = b"\x01\x00\x00\x00a" + b"\x00\x00\x00\x00" + b"\x02\x00\x00\x00bc"  # 3 x (4 + 1) bytes
+    assert dt.deserialize_bytes(wire, 3).tolist() == [b"a", b"", b"bc"]
+    assert dt.deserialize_bytes(b"\x00\x00\x00\x00" * 5, 5).tolist() == [b""] * 5
+
+
 def test_bytes_serialize_str_is_utf8():
     arr = np.array(["hé", "x"], dtype=object)
     assert dt.deserialize_bytes(dt.serialize_bytes(arr)).tolist() == ["hé".encode(), b"x"]
