@@ -359,7 +359,8 @@ class GzipInflater:
         self._inflater = BoundedInflater(data, _WBITS[encoding], max_size, strict=True)
 
     @property
-    def output(self) -> bytearray:
+    def output(self) -> bytearray | memoryview:
+        """The inflated message (whole once :meth:`step` returned True; writable)."""
         return self._inflater.output
 
     def step(self, max_output: int) -> bool:

@@ -15,7 +15,8 @@ Case groups (``--cases`` takes groups and single cases, comma separated):
   Cases: ``http_gzip_bomb`` (~254 KiB of gzip inflating to 256 MiB of zeros),
   ``http_json_bytes`` (~60 MiB: one BYTES input of 15M "" elements), ``http_json_floats`` (12M
   floats), ``http_binary_bytes`` (~57 MiB: the same 15M "" elements as binary data, 4-byte
-  length prefixes), ``grpc_gzip_bomb`` (a compressed message inflating to 256 MiB), ``grpc_rapid_reset``
+  length prefixes), ``http_gzip_json`` (the 12M floats gzip-compressed: a legal body of
+  ~45 MiB inflated), ``grpc_gzip_bomb`` (a compressed message inflating to 256 MiB), ``grpc_rapid_reset``
   (HEADERS+DATA+RST_STREAM x 20,000 on one connection), ``settings_flood``, ``ping_flood``,
   ``empty_data_flood`` (100k frames each), ``continuation_flood`` (HEADERS without END_HEADERS,
   then CONTINUATION frames of 16 KiB, 64 MiB in all), ``huffman_header_flood`` (20 ModelInfer
@@ -618,6 +619,24 @@ async def case_http_json_floats(args, nursery) -> str:
     return await http_post(args, infer_path(args), body, [("content-type", "application/json")], args.case_wait)
 
 
+_GZIP_BODIES: dict[tuple[str, int, str], bytes] = {}
+
+
+def gzip_json_body(args) -> bytes:
+    """The JSON body of ``http_json_floats``, gzip-compressed (a legal body that inflates to
+    ~45 MiB, under the input limit), cached like :func:`json_body`."""
+    body = json_body(args, "FP32")
+    key = ("FP32", len(body), args.input)
+    if key not in _GZIP_BODIES:
+        _GZIP_BODIES[key] = zlib.compress(body, 1, wbits=31)
+    return _GZIP_BODIES[key]
+
+
+async def case_http_gzip_json(args, nursery) -> str:
+    return await http_post(args, infer_path(args), gzip_json_body(args), [("content-type", "application/json"),
+                                                                        ("content-encoding", "gzip")], args.case_wait)
+
+
 _BINARY_BODIES: dict[tuple[int, str], tuple[bytes, int]] = {}
 
 
@@ -821,6 +840,7 @@ STALL_CASES = {
     "http_json_bytes": case_http_json_bytes,
     "http_json_floats": case_http_json_floats,
     "http_binary_bytes": case_http_binary_bytes,
+    "http_gzip_json": case_http_gzip_json,
     "grpc_gzip_bomb": case_grpc_gzip_bomb,
     "grpc_rapid_reset": case_grpc_rapid_reset,
     "settings_flood": case_settings_flood,
@@ -1158,6 +1178,8 @@ async def amain(args) -> None:
                 json_body(args, datatype)  # likewise
         if "http_binary_bytes" in stall:
             binary_bytes_body(args)
+        if "http_gzip_json" in stall:
+            gzip_json_body(args)
         await run_stall(args, emit, stall)
     for variant in ("pinned_prefix", "pinned_payload"):
         if variant in selected:

@@ -39,6 +39,9 @@ from trident.server import worker_threads
 
 log = logging.getLogger("trident.grpc")
 
+#: one request message as a handler gets it: the bytes read, or a large inflated one's buffer
+Message = bytearray | memoryview
+
 _INLINE_INFLATE = 1024 * 1024  # gzip output inflated on the event loop; the rest in worker threads
 _THREAD_INFLATE = 16 * 1024 * 1024  # gzip output per worker-thread step (cancellation between steps)
 _TRAILERS_OK = ((b"grpc-status", b"0"),)
@@ -67,7 +70,7 @@ class Method:
 
     handler: Callable[..., Awaitable[Any]]
     streaming: bool = False
-    now: Callable[[Call, bytearray], None] | None = None
+    now: Callable[[Call, Message], None] | None = None
 
 
 class CallHost(Protocol):
@@ -261,7 +264,7 @@ class Call:
         elif self.deferred is not None:
             self.conn.dispatch(self)
 
-    async def recv(self) -> bytearray | None:
+    async def recv(self) -> Message | None:
         """The next request message, or None once the client has half-closed.
 
         Raises FramingError: RESOURCE_EXHAUSTED for a message over the size limit, INTERNAL
@@ -300,7 +303,7 @@ class Call:
             return compressed, message, True
         return compressed, message, False
 
-    async def _inflate(self, message: bytearray) -> bytearray:
+    async def _inflate(self, message: bytearray) -> Message:
         """gzip-inflate a message: the first MiB of output inline, the rest in worker-thread steps
         whose output is charged to the buffer budgets while it grows. Raises FramingError
         (RESOURCE_EXHAUSTED over the message size or a budget, INTERNAL for bad gzip)."""
@@ -327,7 +330,7 @@ class Call:
         after it returns, never by abandoning it. Raises what ``fn`` raises."""
         return await worker_threads.run_sync(fn, *args, limiter=self.conn.budget.server.limiter)
 
-    async def recv_unary(self) -> bytearray:
+    async def recv_unary(self) -> Message:
         """The single request message of a unary call. Raises FramingError / GrpcError(INTERNAL)."""
         message = await self.recv()
         if message is None:

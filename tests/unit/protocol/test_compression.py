@@ -35,6 +35,33 @@ def test_decompress() -> None:
     assert len(compression.decompress(bomb, "gzip", max_size=1_000_000)) == 1_000_000
 
 
+@pytest.mark.parametrize(("size", "step"), [(size, step) for size in (0, 1, 4096, 1 << 20, (1 << 20) + 1, (5 << 20) + 12345)
+                                             for step in (1, 4096, 1 << 20, 16 << 20) if step > 1 or size <= 4096])
+def test_inflated_pieces_are_joined_into_one_writable_buffer(size: int, step: int) -> None:
+    """The pieces of each step, joined by the step that ends the stream: the same bytes as one
+    zlib call, writable (decoded tensors are), whatever the step and the size (over 1 MiB they
+    are copied piece by piece into one fresh buffer)."""
+    body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    inflater = compression.BoundedInflater(gzip.compress(body, 1), 16 + zlib.MAX_WBITS, size)
+    steps = 0
+    while not inflater.step(step):
+        steps += 1
+        assert inflater.size == min(size, steps * step)
+        assert steps <= size + 2
+    output = inflater.output
+    assert inflater.size == len(output) == size and bytes(output) == body
+    assert not memoryview(output).readonly
+    assert inflater.output is output  # joined once
+
+
+def test_inflating_past_the_limit_keeps_no_pieces() -> None:
+    inflater = compression.BoundedInflater(gzip.compress(b"\x00" * (4 << 20)), 16 + zlib.MAX_WBITS, 3 << 20)
+    with pytest.raises(compression.OutputTooLarge):
+        while not inflater.step(1 << 20):
+            pass
+    assert inflater.size == (3 << 20) + 1 and len(inflater.output) == 0
+
+
 @pytest.mark.parametrize(
     ("accept", "expected"),
     [
