@@ -1,0 +1,127 @@
+"""Large HTTP bodies that arrive in pieces: a Content-Length body of 1 MiB or more is received
+into one buffer of its announced size (trident.http.fast_infer.PLACED_BODY), a gzip body is
+inflated in pieces joined once (trident.protocol.compression). The answers must be exactly
+those of the same bytes sent at once; a body cut short must leave the server serving.
+Both HTTP layers (trident's own and hypercorn) answer the same.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from e2e.conftest import RunningServer, start_server
+
+from trident.options import EXAMPLE_REPOSITORY
+
+VALUES = np.arange(3 * 262144, dtype=np.float32) / 7  # 3 MiB of FP32
+
+
+@pytest.fixture(scope="module", params=["trident", "hypercorn"])
+def server(request) -> Iterator[RunningServer]:
+    s = start_server("--allow-grpc=false", "--http-server", request.param, repo=EXAMPLE_REPOSITORY)
+    yield s
+    s.stop()
+
+
+def binary_body(values: np.ndarray) -> tuple[bytes, int]:
+    header = json.dumps({"inputs": [{"name": "INPUT0", "shape": [values.size], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": values.nbytes}}],
+                         "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+    return header + values.tobytes(), len(header)
+
+
+def head(length: int, *extra: str) -> bytes:
+    lines = ["POST /v2/models/identity_fp32/infer HTTP/1.1", "Host: x", f"Content-Length: {length}", *extra]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(1 << 16)
+        assert chunk, data
+        data += chunk
+    top, _, rest = data.partition(b"\r\n\r\n")
+    lines = top.decode().split("\r\n")
+    headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:])}
+    length = int(headers["content-length"])
+    while len(rest) < length:
+        chunk = sock.recv(1 << 20)
+        assert chunk
+        rest += chunk
+    return int(lines[0].split()[1]), headers, rest[:length]
+
+
+def output_of(headers: dict[str, str], body: bytes) -> np.ndarray:
+    json_length = int(headers["inference-header-content-length"])
+    doc = json.loads(body[:json_length])
+    assert doc["outputs"][0]["parameters"]["binary_data_size"] == len(body) - json_length
+    return np.frombuffer(body[json_length:], dtype=np.float32)
+
+
+def send_in_pieces(sock: socket.socket, data: bytes, pieces: int) -> None:
+    """``data`` in ``pieces`` writes with a pause between them, so the server reads it in many."""
+    step = -(-len(data) // pieces)
+    for start in range(0, len(data), step):
+        sock.sendall(data[start : start + step])
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("pieces", [1, 2, 9, 64])
+def test_a_large_binary_body_in_pieces_gets_the_answer_of_one_write(server, pieces):
+    body, json_length = binary_body(VALUES)
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as sock:
+        sock.sendall(head(len(body), f"Inference-Header-Content-Length: {json_length}"))
+        send_in_pieces(sock, body, pieces)
+        status, headers, answer = read_response(sock)
+        assert status == 200, answer[:300]
+        np.testing.assert_array_equal(output_of(headers, answer), VALUES)
+        # the connection goes on: a small request right behind it
+        small, small_length = binary_body(VALUES[:4])
+        sock.sendall(head(len(small), f"Inference-Header-Content-Length: {small_length}") + small)
+        status, headers, answer = read_response(sock)
+        assert status == 200
+        np.testing.assert_array_equal(output_of(headers, answer), VALUES[:4])
+
+
+def test_a_large_gzip_json_body_in_pieces(server):
+    doc = {"inputs": [{"name": "INPUT0", "shape": [VALUES.size], "datatype": "FP32", "data": VALUES.tolist()}],
+           "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}
+    text = json.dumps(doc).encode()
+    assert len(text) > 8 << 20  # inflates past several of the inflater's 1 MiB steps
+    body = gzip.compress(text, 1)
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as sock:
+        sock.sendall(head(len(body), "Content-Type: application/json", "Content-Encoding: gzip"))
+        send_in_pieces(sock, body, 5)
+        status, headers, answer = read_response(sock)
+    assert status == 200, answer[:300]
+    np.testing.assert_array_equal(output_of(headers, answer), VALUES)
+
+
+def test_a_large_body_cut_short_leaves_the_server_serving(server):
+    body, json_length = binary_body(VALUES)
+    for cut in (1 << 20, len(body) - 1):
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as sock:
+            sock.sendall(head(len(body), f"Inference-Header-Content-Length: {json_length}") + body[:cut])
+            time.sleep(0.1)
+    # a body that announces more than it holds and a wrong header length are bad input, answered
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as sock:
+        sock.sendall(head(len(body), f"Inference-Header-Content-Length: {len(body) + 1}") + body)
+        status, _, answer = read_response(sock)
+        assert status == 400 and "inference header size" in json.loads(answer)["error"]
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        item = httpclient.InferInput("INPUT0", [8], "FP32")
+        item.set_data_from_numpy(VALUES[:8], binary_data=True)
+        result = client.infer("identity_fp32", [item])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), VALUES[:8])
+    finally:
+        client.close()
+
