@@ -14,9 +14,8 @@ import base64
 import binascii
 import zlib
 
-import numpy as np
-
 from trident.errors import invalid_arg, unsupported
+from trident.protocol.buffers import join_pieces
 
 __all__ = ["BoundedInflater", "Inflater", "OutputTooLarge", "choose_encoding", "compress", "decode_base64", "decompress"]
 
@@ -43,36 +42,31 @@ class BoundedInflater:
 
     ``wbits`` as :func:`zlib.decompressobj` takes it (gzip, zlib or raw deflate); ``max_size``
     None is unbounded. :meth:`step` inflates up to ``max_output`` more bytes and says whether
-    the stream is whole; ``size`` counts the bytes inflated so far and ``output`` is the whole
-    result (writable, so decoded tensors are too) once :meth:`step` returned True. Knows no
-    protocol: raises OutputTooLarge, or zlib.error for corrupt or truncated data (and, with
-    ``strict``, data after the end of the stream). Both the HTTP body (:class:`Inflater`) and
-    the gRPC message (grpc_framing.GzipInflater) use it.
+    the stream is whole; ``size`` counts the bytes inflated so far. Knows no protocol: raises
+    OutputTooLarge, or zlib.error for corrupt or truncated data (and, with ``strict``, data
+    after the end of the stream). Both the HTTP body (:class:`Inflater`) and the gRPC message
+    (grpc_framing.GzipInflater) use it.
 
-    The steps' pieces are kept apart and copied into one buffer, a piece at a time, by the step
-    that ends the stream: one growing buffer would be moved whole by ``realloc`` each time it
-    outgrew its place (glibc serves blocks up to the server's 32 MiB mmap threshold from the
-    heap), tens of milliseconds of copying with the GIL held for a 60 MiB body.
+    The output, writable (so decoded tensors are too), is either ``output``, a ``bytearray``
+    that grows at each step, or, with ``pieces``, the steps' pieces kept apart and joined by
+    :meth:`joined` a piece at a time into one buffer (:func:`~trident.protocol.buffers.join_pieces`):
+    a growing ``bytearray`` is moved whole by ``realloc`` each time it outgrows its place in the
+    heap (glibc serves blocks up to the server's 32 MiB mmap threshold from it), tens of
+    milliseconds of copying with the GIL held for a 60 MiB body. (The gRPC message decoder
+    wants a ``bytearray``, which cannot be made without one long copy or zero-fill.)
     """
 
-    __slots__ = ("size", "_pieces", "_output", "_max_size", "_d", "_tail", "_strict")
+    __slots__ = ("output", "size", "_pieces", "_max_size", "_d", "_tail", "_strict")
 
     def __init__(self, data: bytes | bytearray | memoryview, wbits: int, max_size: int | None, *,
-                 strict: bool = False) -> None:
+                 strict: bool = False, pieces: bool = False) -> None:
+        self.output = bytearray()
         self.size = 0
-        self._pieces: list[bytes] = []
-        self._output: bytearray | memoryview = bytearray()
+        self._pieces: list[bytes] | None = [] if pieces else None
         self._max_size = max_size
         self._d = zlib.decompressobj(wbits)
         self._tail: bytes | bytearray | memoryview = data
         self._strict = strict
-
-    @property
-    def output(self) -> bytearray | memoryview:
-        """The inflated bytes: the whole stream once :meth:`step` has returned True."""
-        if self._pieces:
-            self._output = _joined(self._pieces, self.size)
-        return self._output
 
     def step(self, max_output: int) -> bool:
         """Inflate up to ``max_output`` (> 0) more bytes; True once the stream is whole."""
@@ -86,37 +80,25 @@ class BoundedInflater:
             if not d.eof:
                 raise zlib.error("incomplete or truncated stream")
         if chunk:
-            self._pieces.append(chunk)
+            if self._pieces is None:
+                self.output += chunk
+            else:
+                self._pieces.append(chunk)
             self.size += len(chunk)
         if self._max_size is not None and self.size > self._max_size:
-            self._pieces.clear()
+            if self._pieces is not None:
+                self._pieces.clear()
             raise OutputTooLarge()
         if d.eof and self._strict and d.unused_data:
             raise zlib.error("trailing data after the end of the stream")
-        if d.eof and self._pieces:
-            self._output = _joined(self._pieces, self.size)
         return d.eof
 
-
-_JOIN_WHOLE = 1 << 20  # pieces up to this size in all are joined in one call
-
-
-def _joined(pieces: list[bytes], size: int) -> bytearray | memoryview:
-    """``pieces`` (emptied) as one writable buffer of ``size`` bytes. A large one is a fresh
-    numpy buffer (not zero-filled) filled a piece at a time, each piece freed once copied, so
-    no single call copies more than a piece."""
-    if size <= _JOIN_WHOLE:
-        out = bytearray().join(pieces)
-        pieces.clear()
-        return out
-    buffer = np.empty(size, dtype=np.uint8)
-    pos = 0
-    pieces.reverse()
-    while pieces:
-        piece = pieces.pop()
-        buffer[pos : pos + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
-        pos += len(piece)
-    return buffer.data
+    def joined(self) -> bytearray | memoryview:
+        """With ``pieces``: what was inflated, as one buffer (the pieces are let go as they are
+        copied; call it once, when :meth:`step` has returned True). Without: ``output``."""
+        if self._pieces is None:
+            return self.output
+        return join_pieces(self._pieces, self.size)
 
 
 class Inflater:
@@ -154,7 +136,7 @@ class Inflater:
 
     def _start(self, wbits: int) -> None:
         self._wbits = wbits
-        self._inflater = BoundedInflater(self._body, wbits, self._max_size)
+        self._inflater = BoundedInflater(self._body, wbits, self._max_size, pieces=True)
         self.done = False
 
     def run(self, budget: int | None = None) -> bool:
@@ -179,7 +161,7 @@ class Inflater:
                     start = 0
                     continue
                 raise invalid_arg(f"failed to decompress the {self._encoding} request body: {exc}") from None
-        self.result = self._inflater.output
+        self.result = self._inflater.joined()
         return True
 
 

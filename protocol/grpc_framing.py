@@ -359,8 +359,7 @@ class GzipInflater:
         self._inflater = BoundedInflater(data, _WBITS[encoding], max_size, strict=True)
 
     @property
-    def output(self) -> bytearray | memoryview:
-        """The inflated message (whole once :meth:`step` returned True; writable)."""
+    def output(self) -> bytearray:
         return self._inflater.output
 
     def step(self, max_output: int) -> bool:

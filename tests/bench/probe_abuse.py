@@ -16,7 +16,9 @@ Case groups (``--cases`` takes groups and single cases, comma separated):
   ``http_json_bytes`` (~60 MiB: one BYTES input of 15M "" elements), ``http_json_floats`` (12M
   floats), ``http_binary_bytes`` (~57 MiB: the same 15M "" elements as binary data, 4-byte
   length prefixes), ``http_gzip_json`` (the 12M floats gzip-compressed: a legal body of
-  ~45 MiB inflated), ``grpc_gzip_bomb`` (a compressed message inflating to 256 MiB), ``grpc_rapid_reset``
+  ~45 MiB inflated), ``grpc_gzip_bomb`` (a compressed message inflating to 256 MiB),
+  ``grpc_large_message`` (one legal ModelInfer of 15M floats from tritonclient.grpc, 60 MiB each
+  way, in a process of its own), ``grpc_rapid_reset``
   (HEADERS+DATA+RST_STREAM x 20,000 on one connection), ``settings_flood``, ``ping_flood``,
   ``empty_data_flood`` (100k frames each), ``continuation_flood`` (HEADERS without END_HEADERS,
   then CONTINUATION frames of 16 KiB, 64 MiB in all), ``huffman_header_flood`` (20 ModelInfer
@@ -673,6 +675,35 @@ async def case_grpc_gzip_bomb(args, nursery) -> str:
     return "; ".join(x for x in (got, conn.seen.summary()) if x)
 
 
+_GRPC_LARGE_CLIENT = """
+import os, sys, numpy as np, tritonclient.grpc as g
+os.nice(19)  # the victims, on the same core, come first
+url, model, name, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+values = np.arange(n, dtype=np.float32)
+options = [("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)]
+client = g.InferenceServerClient(url, channel_args=options)
+item = g.InferInput(name, [n], "FP32")
+item.set_data_from_numpy(values)
+try:
+    result = client.infer(model, [item])
+    out = result.as_numpy(result.get_response().outputs[0].name)
+    print("OK" if np.array_equal(out.reshape(-1), values) else "WRONG ANSWER")
+except Exception as e:
+    print("error:", str(e)[:160])
+"""
+
+
+async def case_grpc_large_message(args, nursery) -> str:
+    """One legal ModelInfer of 15M floats (60 MiB each way) from tritonclient.grpc, in a process
+    of its own (so its work does not share the probe's GIL with the victims)."""
+    n = max(1, int(15_000_000 * args.scale))
+    with trio.move_on_after(args.case_wait):
+        done = await trio.run_process([sys.executable, "-c", _GRPC_LARGE_CLIENT, args.grpc, args.model, args.input,
+                                       str(n)], capture_stdout=True, capture_stderr=True, check=False)
+        return "tritonclient.grpc: " + done.stdout.decode(errors="replace").strip()[:200]
+    return "nothing (held)"
+
+
 async def case_grpc_rapid_reset(args, nursery) -> str:
     conn = await RawH2.connect(nursery, args.grpc_addr)
     conn.read_responses = False
@@ -842,6 +873,7 @@ STALL_CASES = {
     "http_binary_bytes": case_http_binary_bytes,
     "http_gzip_json": case_http_gzip_json,
     "grpc_gzip_bomb": case_grpc_gzip_bomb,
+    "grpc_large_message": case_grpc_large_message,
     "grpc_rapid_reset": case_grpc_rapid_reset,
     "settings_flood": case_settings_flood,
     "ping_flood": case_ping_flood,

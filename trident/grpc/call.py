@@ -39,9 +39,6 @@ from trident.server import worker_threads
 
 log = logging.getLogger("trident.grpc")
 
-#: one request message as a handler gets it: the bytes read, or a large inflated one's buffer
-Message = bytearray | memoryview
-
 _INLINE_INFLATE = 1024 * 1024  # gzip output inflated on the event loop; the rest in worker threads
 _THREAD_INFLATE = 16 * 1024 * 1024  # gzip output per worker-thread step (cancellation between steps)
 _TRAILERS_OK = ((b"grpc-status", b"0"),)
@@ -70,7 +67,7 @@ class Method:
 
     handler: Callable[..., Awaitable[Any]]
     streaming: bool = False
-    now: Callable[[Call, Message], None] | None = None
+    now: Callable[[Call, bytearray], None] | None = None
 
 
 class CallHost(Protocol):
@@ -264,7 +261,7 @@ class Call:
         elif self.deferred is not None:
             self.conn.dispatch(self)
 
-    async def recv(self) -> Message | None:
+    async def recv(self) -> bytearray | None:
         """The next request message, or None once the client has half-closed.
 
         Raises FramingError: RESOURCE_EXHAUSTED for a message over the size limit, INTERNAL
@@ -303,7 +300,7 @@ class Call:
             return compressed, message, True
         return compressed, message, False
 
-    async def _inflate(self, message: bytearray) -> Message:
+    async def _inflate(self, message: bytearray) -> bytearray:
         """gzip-inflate a message: the first MiB of output inline, the rest in worker-thread steps
         whose output is charged to the buffer budgets while it grows. Raises FramingError
         (RESOURCE_EXHAUSTED over the message size or a budget, INTERNAL for bad gzip)."""
@@ -330,7 +327,7 @@ class Call:
         after it returns, never by abandoning it. Raises what ``fn`` raises."""
         return await worker_threads.run_sync(fn, *args, limiter=self.conn.budget.server.limiter)
 
-    async def recv_unary(self) -> Message:
+    async def recv_unary(self) -> bytearray:
         """The single request message of a unary call. Raises FramingError / GrpcError(INTERNAL)."""
         message = await self.recv()
         if message is None:

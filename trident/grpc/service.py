@@ -19,7 +19,7 @@ import betterproto2
 import trio
 
 from trident.errors import TritonError, invalid_arg, unavailable
-from trident.grpc.call import Call, GrpcError, Message, Method
+from trident.grpc.call import Call, GrpcError, Method
 from trident.observability.logs import serving, serving_of
 from trident.observability.trace import TraceParent, parse_traceparent
 from trident.protocol import grpc_codec, grpc_messages
@@ -44,14 +44,14 @@ def _reply(message: betterproto2.Message) -> tuple[list[bytes], int]:
     return [data], len(data)
 
 
-def _parse_now(cls: type[Any], data: Message) -> Any:
+def _parse_now(cls: type[Any], data: bytearray) -> Any:
     try:
         return cls.parse(bytes(data))
     except Exception as e:  # betterproto2 raises EOFError, ValueError, KeyError... on bad input
         raise invalid_arg(f"failed to parse {cls.__name__}: {e}") from None
 
 
-async def _parse(call: Call, cls: type[Any], data: Message) -> Any:
+async def _parse(call: Call, cls: type[Any], data: bytearray) -> Any:
     """Decode a betterproto2 message: inline when small, in a worker thread from
     ``offload_size`` bytes (the call's task waits for it). Raises TritonError(INVALID_ARG)
     for bytes that are not the message (Triton answers INTERNAL "Unable to parse request")."""
@@ -136,48 +136,48 @@ class InferenceService:
 
     # ---- health and metadata --------------------------------------------------------------
 
-    async def server_live(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def server_live(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         await _parse(call, pb.ServerLiveRequest, data)
         return _reply(pb.ServerLiveResponse(live=self.server.is_live()))
 
-    async def server_ready(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def server_ready(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         await _parse(call, pb.ServerReadyRequest, data)
         return _reply(pb.ServerReadyResponse(ready=self.server.is_ready()))
 
-    async def model_ready(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def model_ready(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.ModelReadyRequest, data)
         return _reply(pb.ModelReadyResponse(ready=await self.server.probe_model_ready(request.name, request.version)))
 
-    async def health_check(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def health_check(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         await _parse(call, health.HealthCheckRequest, data)
         status = (health.HealthCheckResponseServingStatus.SERVING if self.server.is_ready()
                   else health.HealthCheckResponseServingStatus.NOT_SERVING)
         return _reply(health.HealthCheckResponse(status=status))
 
-    async def server_metadata(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def server_metadata(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         await _parse(call, pb.ServerMetadataRequest, data)
         return _reply(grpc_messages.server_metadata(self.server.metadata()))
 
-    async def model_metadata(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def model_metadata(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.ModelMetadataRequest, data)
         return _reply(grpc_messages.model_metadata(self.server.model_metadata(request.name, request.version)))
 
-    async def model_config(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def model_config(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.ModelConfigRequest, data)
         return _reply(pb.ModelConfigResponse(config=self.server.model_config(request.name, request.version)))
 
-    async def model_statistics(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def model_statistics(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.ModelStatisticsRequest, data)
         stats = await self.server.statistics(request.name, request.version)
         return _reply(grpc_messages.statistics(stats))
 
     # ---- repository -----------------------------------------------------------------------
 
-    async def repository_index(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def repository_index(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.RepositoryIndexRequest, data)
         return _reply(grpc_messages.repository_index(self.server.repository_index(request.ready)))
 
-    async def repository_model_load(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def repository_model_load(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.RepositoryModelLoadRequest, data)
         config: str | None = None
         files: dict[str, bytes] = {}
@@ -196,7 +196,7 @@ class InferenceService:
         await self.server.load_model(request.model_name, config, files or None)
         return _reply(pb.RepositoryModelLoadResponse())
 
-    async def repository_model_unload(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def repository_model_unload(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.RepositoryModelUnloadRequest, data)
         dependents = False
         param = request.parameters.get("unload_dependents")
@@ -210,49 +210,49 @@ class InferenceService:
 
     # ---- shared memory (trident.server.shared_memory) ---------------------------------------------
 
-    async def system_shm_status(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def system_shm_status(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.SystemSharedMemoryStatusRequest, data)
         regions = self.server.shared_memory.system_status(request.name)
         return _reply(pb.SystemSharedMemoryStatusResponse(regions={
             r["name"]: pb.SystemSharedMemoryStatusResponseRegionStatus(**r) for r in regions}))
 
-    async def system_shm_register(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def system_shm_register(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.SystemSharedMemoryRegisterRequest, data)
         await self.server.register_system_shared_memory(request.name, request.key, request.offset,
                                                         request.byte_size)
         return _reply(pb.SystemSharedMemoryRegisterResponse())
 
-    async def system_shm_unregister(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def system_shm_unregister(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.SystemSharedMemoryUnregisterRequest, data)
         await self.server.unregister_shared_memory("system", request.name)
         return _reply(pb.SystemSharedMemoryUnregisterResponse())
 
-    async def cuda_shm_status(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def cuda_shm_status(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.CudaSharedMemoryStatusRequest, data)
         regions = self.server.shared_memory.cuda_status(request.name)
         return _reply(pb.CudaSharedMemoryStatusResponse(regions={
             r["name"]: pb.CudaSharedMemoryStatusResponseRegionStatus(**r) for r in regions}))
 
-    async def cuda_shm_register(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def cuda_shm_register(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.CudaSharedMemoryRegisterRequest, data)
         await self.server.register_cuda_shared_memory(request.name, request.raw_handle, request.device_id,
                                                       request.byte_size)
         return _reply(pb.CudaSharedMemoryRegisterResponse())
 
-    async def cuda_shm_unregister(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def cuda_shm_unregister(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.CudaSharedMemoryUnregisterRequest, data)
         await self.server.unregister_shared_memory("cuda", request.name)
         return _reply(pb.CudaSharedMemoryUnregisterResponse())
 
     # ---- settings -------------------------------------------------------------------------
 
-    async def log_settings(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def log_settings(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.LogSettingsRequest, data)
         changes = {key: betterproto2.which_one_of(v, "parameter_choice")[1] for key, v in request.settings.items()}
         current = await self.server.change_log_settings(changes) if changes else self.server.log_settings()
         return _reply(pb.LogSettingsResponse(settings={k: _log_value(v) for k, v in current.items()}))
 
-    async def trace_setting(self, call: Call, data: Message) -> tuple[list[bytes], int]:
+    async def trace_setting(self, call: Call, data: bytearray) -> tuple[list[bytes], int]:
         request = await _parse(call, pb.TraceSettingRequest, data)
         changes = {key: (list(v.value) or None) for key, v in request.settings.items()}
         if changes:
@@ -285,7 +285,7 @@ class InferenceService:
             self._last = self._contexts[id(headers)] = (headers, context)  # holds the tuple: its id stays unique
         return context
 
-    async def _request(self, call: Call, data: Message) -> InferenceRequest:
+    async def _request(self, call: Call, data: bytearray) -> InferenceRequest:
         """Decode a ModelInferRequest: inline unless it is heavy (:func:`grpc_codec.is_heavy` with
         ``offload_size``: typed contents or BYTES of that size, not raw tensors, which become views),
         then in a worker thread (the call's task waits for it). Raises TritonError(INVALID_ARG) for
@@ -309,7 +309,7 @@ class InferenceService:
             request.deadline = call.deadline
         return request
 
-    async def model_infer(self, call: Call, data: Message) -> tuple[list[Any], int]:
+    async def model_infer(self, call: Call, data: bytearray) -> tuple[list[Any], int]:
         """ModelInfer in the call's task (a heavy message, decoded in a worker thread, forwarded
         headers, a restricted API): the reply ``(parts, size)``. Raises TritonError (decoupled
         models: UNSUPPORTED -> UNIMPLEMENTED)."""
@@ -321,7 +321,7 @@ class InferenceService:
         finally:
             serving.reset(token)
 
-    def model_infer_now(self, call: Call, data: Message) -> None:
+    def model_infer_now(self, call: Call, data: bytearray) -> None:
         """ModelInfer without a task where it can be (``Method.now``): the request is started on
         the server (Server.start) and its handle answers the call: at once when it ran here and
         now, from the task that delivers its response when it is queued and the call may be

@@ -42,24 +42,29 @@ def test_inflated_pieces_are_joined_into_one_writable_buffer(size: int, step: in
     zlib call, writable (decoded tensors are), whatever the step and the size (over 1 MiB they
     are copied piece by piece into one fresh buffer)."""
     body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
-    inflater = compression.BoundedInflater(gzip.compress(body, 1), 16 + zlib.MAX_WBITS, size)
+    inflater = compression.BoundedInflater(gzip.compress(body, 1), 16 + zlib.MAX_WBITS, size, pieces=True)
     steps = 0
     while not inflater.step(step):
         steps += 1
         assert inflater.size == min(size, steps * step)
         assert steps <= size + 2
-    output = inflater.output
+    assert inflater.output == b""  # kept as pieces, not grown
+    output = inflater.joined()
     assert inflater.size == len(output) == size and bytes(output) == body
     assert not memoryview(output).readonly
-    assert inflater.output is output  # joined once
+    growing = compression.BoundedInflater(gzip.compress(body, 1), 16 + zlib.MAX_WBITS, size)
+    while not growing.step(step):
+        pass
+    assert growing.output == body and growing.joined() is growing.output
 
 
-def test_inflating_past_the_limit_keeps_no_pieces() -> None:
-    inflater = compression.BoundedInflater(gzip.compress(b"\x00" * (4 << 20)), 16 + zlib.MAX_WBITS, 3 << 20)
+def test_inflating_in_pieces_stops_one_byte_past_the_limit() -> None:
+    inflater = compression.BoundedInflater(gzip.compress(b"\x00" * (4 << 20)), 16 + zlib.MAX_WBITS, 3 << 20,
+                                           pieces=True)
     with pytest.raises(compression.OutputTooLarge):
         while not inflater.step(1 << 20):
             pass
-    assert inflater.size == (3 << 20) + 1 and len(inflater.output) == 0
+    assert inflater.size == (3 << 20) + 1 and inflater.output == b""
 
 
 @pytest.mark.parametrize(
