@@ -80,36 +80,16 @@ def _validate(name: str, max_batch_size: int, inputs: dict[str, TensorSpec],
     seen: set[str] = set()
     batch = 1 if max_batch_size <= 0 else -1
     for tensor in request.inputs:
-        spec = inputs.get(tensor.name)
-        if spec is None:
-            raise invalid_arg(f"unexpected inference input '{tensor.name}' for model '{name}'")
-        if tensor.name in seen:
+        if tensor.name in seen and tensor.name in inputs:
             raise invalid_arg(f"input '{tensor.name}' is specified more than once for model '{name}'")
         seen.add(tensor.name)
-        if tensor.datatype != spec.datatype:
-            raise invalid_arg(
-                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
-                f"but model '{name}' expects '{spec.datatype}'"
-            )
         shape = list(tensor.shape)
-        dims = shape
+        check_input(name, max_batch_size, inputs, tensor.name, tensor.datatype, shape, batch_limit=False)
         if max_batch_size > 0:
-            if not shape:
-                raise invalid_arg(
-                    f"input '{tensor.name}' for model '{name}' has no batch dimension (max_batch_size "
-                    f"{max_batch_size}); expected shape {[-1, *spec.dims]}"
-                )
             if batch == -1:
                 batch = shape[0]
             elif shape[0] != batch:
                 raise invalid_arg(f"input '{tensor.name}' batch size does not match other inputs for '{name}'")
-            dims = shape[1:]
-        if not _dims_match(dims, spec.dims):
-            expected = [-1, *spec.dims] if max_batch_size > 0 else spec.dims
-            raise invalid_arg(
-                f"unexpected shape for input '{tensor.name}' for model '{name}'. "
-                f"Expected {_fmt(expected)}, got {_fmt(shape)}"
-            )
         _check_data(tensor)
     missing = [n for n, s in inputs.items() if n not in seen and not s.optional]
     if missing:
@@ -130,6 +110,38 @@ def _validate(name: str, max_batch_size: int, inputs: dict[str, TensorSpec],
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
             raise invalid_arg(f"classification parameter of output '{wanted.name}' must be a non-negative integer")
     return max(batch, 1)
+
+
+def check_input(name: str, max_batch_size: int, inputs: dict[str, TensorSpec], input_name: str,
+                datatype: str, shape: list[int] | tuple[int, ...], *, batch_limit: bool = True) -> None:
+    """One input's name, datatype and shape against the inputs model ``name`` declares (the
+    checks of :func:`validate_request` that need no data and no other input; ``batch_limit``:
+    its batch size too, which :func:`validate_request` checks once every input agrees on it):
+    a decoder makes them before it reads the input's data, so a large tensor the model would
+    refuse costs no decoding. Raises TritonError(INVALID_ARG) with Triton's wording."""
+    spec = inputs.get(input_name)
+    if spec is None:
+        raise invalid_arg(f"unexpected inference input '{input_name}' for model '{name}'")
+    if datatype != spec.datatype:
+        raise invalid_arg(
+            f"inference input '{input_name}' data-type is '{datatype}', but model '{name}' expects '{spec.datatype}'"
+        )
+    dims = list(shape)
+    if max_batch_size > 0:
+        if not dims:
+            raise invalid_arg(
+                f"input '{input_name}' for model '{name}' has no batch dimension (max_batch_size "
+                f"{max_batch_size}); expected shape {[-1, *spec.dims]}"
+            )
+        if batch_limit and dims[0] > max_batch_size:
+            raise invalid_arg(f"inference request batch-size must be <= {max_batch_size} for '{name}'")
+        dims = dims[1:]
+    if not _dims_match(dims, spec.dims):
+        expected = [-1, *spec.dims] if max_batch_size > 0 else spec.dims
+        raise invalid_arg(
+            f"unexpected shape for input '{input_name}' for model '{name}'. "
+            f"Expected {_fmt(expected)}, got {_fmt(list(shape))}"
+        )
 
 
 def _check_data(tensor: Tensor) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 from trident.errors import invalid_arg, unsupported
 from trident.protocol import datatypes
 from trident.protocol.kserve import (
+    InputCheck,
     ShmLookup,
     ShmOutputLookup,
     shm_array,
@@ -414,7 +415,37 @@ def is_heavy(data: Buffer, threshold: int) -> bool:
     return end - raw >= threshold or (raw >= threshold and named_bytes)
 
 
-def decode_model_infer_request(data: Buffer, shm: ShmLookup | None = None) -> InferenceRequest:
+def model_of(data: Buffer) -> tuple[str, str] | None:
+    """The ``(model_name, model_version)`` a ``ModelInferRequest`` names (the last of each
+    field, as the decode takes them), or None when the message is malformed. Walks the
+    top-level fields only: O(fields), not O(bytes)."""
+    buf = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+    name = version = ""
+    end = len(buf)
+    try:
+        pos = 0
+        while pos < end:
+            tag = buf[pos]
+            if tag < 0x80:
+                pos += 1
+            else:
+                tag, pos = _long_tag(buf, pos)
+            if tag == 0x0A or tag == 0x12:  # model_name (1), model_version (2)
+                start, stop = _length(buf, pos, end)
+                if tag == 0x0A:
+                    name = _text(buf, start, stop)
+                else:
+                    version = _text(buf, start, stop)
+                pos = stop
+            else:
+                pos = _skip(buf, pos, tag, end)
+    except (IndexError, DecodeError, UnicodeDecodeError):
+        return None
+    return name, version
+
+
+def decode_model_infer_request(data: Buffer, shm: ShmLookup | None = None,
+                               check: InputCheck | None = None) -> InferenceRequest:
     """Decode a serialized ``inference.ModelInferRequest`` into an :class:`InferenceRequest`.
 
     Raw tensor data is not copied: the arrays view ``data`` (pass a ``bytearray`` for writable
@@ -422,6 +453,10 @@ def decode_model_infer_request(data: Buffer, shm: ShmLookup | None = None) -> In
     malformed bytes (whatever upb would reject), TritonError INVALID_ARG for an invalid request (data missing, sizes that do not match shapes, contents of the wrong type),
     TritonError UNSUPPORTED for shared-memory inputs without ``shm`` (with it they are views of
     their region, and its errors are raised: NOT_FOUND, INVALID_ARG).
+
+    ``check`` (:data:`~trident.protocol.kserve.InputCheck`, for the model the message names:
+    :func:`model_of`) is called with each input's name, datatype and shape before any tensor's
+    data is read, and raises what the model's admission would.
     """
     buf = data if isinstance(data, (bytes, bytearray)) else bytes(data)
     view = memoryview(buf)
@@ -483,6 +518,11 @@ def decode_model_infer_request(data: Buffer, shm: ShmLookup | None = None) -> In
             pos = stop
         if pos != end:
             raise DecodeError("truncated ModelInferRequest")
+        if check is not None:
+            for t in inputs:
+                # an unknown datatype or a bad shape is refused as such below
+                if t.datatype in _DTYPES and t.rank <= _MAX_DIMS and (not t.shape or min(t.shape) >= 0):
+                    check(t.name, t.datatype, tuple(t.shape))
         tensors = _tensors(buf, view, model_name, inputs, raw, shm)
     except (IndexError, struct.error) as e:
         raise DecodeError(f"truncated ModelInferRequest: {e}") from None

@@ -77,6 +77,10 @@ ShmLookup = Callable[[str, int, int], memoryview]
 #: ``shm(region, offset, byte_size) -> window``: where an output is written, ``window[:n] = blob``
 #: (a writable memoryview of a system region, or the server's window onto a CUDA region)
 ShmOutputLookup = Callable[[str, int, int], Any]
+#: ``check(input_name, datatype, shape)``: raises the TritonError the model's admission would
+#: for that input (a name it does not declare, another datatype, a shape its dims refuse); the
+#: decoders call it before they read the input's data
+InputCheck = Callable[[str, str, tuple[int, ...]], None]
 # request parameters with a meaning of their own, and the JSON types they must have
 _RESERVED_BOOL = ("sequence_start", "sequence_end", "binary_data_output")
 _RESERVED_UINT = ("priority", "timeout")
@@ -121,6 +125,7 @@ def decode_infer_request(
     model_name: str,
     model_version: str,
     shm: ShmLookup | None = None,
+    check: InputCheck | None = None,
 ) -> InferenceRequest:
     """Decode a KServe v2 infer request body (JSON header, then binary blobs).
 
@@ -132,6 +137,11 @@ def decode_infer_request(
     Raises TritonError INVALID_ARG for malformed JSON, a bad header length, bad tensors
     (unknown datatype, bad shape, element count or blob size mismatches, undecodable BYTES,
     JSON FP16/BF16) and unconsumed trailing bytes; UNSUPPORTED for shared-memory tensors.
+
+    ``check`` (:data:`InputCheck`) is called with each input's name, datatype and shape before
+    its data is read and raises what the model's admission would, so a large body the model
+    refuses anyway (15M BYTES elements for an FP32 input) costs no decoding; without it the
+    server's admission makes the same checks after the decode.
     """
     view = memoryview(body).cast("B") if not isinstance(body, bytes) else memoryview(body)
     total = len(view)
@@ -168,7 +178,7 @@ def decode_infer_request(
     inputs: list[Tensor] = []
     seen: set[str] = set()
     for item in inputs_json:
-        tensor, offset = _decode_input(item, view, offset, header_length < total, model_name, shm)
+        tensor, offset = _decode_input(item, view, offset, header_length < total, model_name, shm, check)
         if tensor.name in seen:
             raise invalid_arg(f"input '{tensor.name}' appears more than once in the request")
         seen.add(tensor.name)
@@ -325,7 +335,8 @@ def shm_parameters(params: Any, where: str) -> tuple[str, int, int]:
 
 
 def _decode_input(
-    item: Any, view: memoryview, offset: int, has_blobs: bool, model_name: str, shm: ShmLookup | None = None
+    item: Any, view: memoryview, offset: int, has_blobs: bool, model_name: str, shm: ShmLookup | None = None,
+    check: InputCheck | None = None,
 ) -> tuple[Tensor, int]:
     if not isinstance(item, dict):
         raise invalid_arg("Unable to parse 'inputs': each input must be a JSON object")
@@ -382,6 +393,8 @@ def _decode_input(
         raise unsupported(f"input '{name}': {_SHM_UNSUPPORTED}")
     if not datatypes.is_datatype(datatype):
         raise invalid_arg(f"invalid datatype '{datatype}' for input '{name}'")
+    if check is not None:
+        check(name, datatype, shape)
     if has_shm:
         assert shm is not None
         region, shm_offset, shm_size = shm_parameters(params, f"input '{name}'")

@@ -2,7 +2,9 @@
 into one buffer of its announced size (trident.http.fast_infer.PLACED_BODY), a gzip body is
 inflated in pieces joined once (trident.protocol.compression). The answers must be exactly
 those of the same bytes sent at once; a body cut short must leave the server serving.
-Both HTTP layers (trident's own and hypercorn) answer the same.
+Both HTTP layers (trident's own and hypercorn) answer the same. A large tensor the model refuses
+(another datatype, an unknown input, a batch beyond its limit) is refused before its data is
+decoded, over HTTP and gRPC.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from e2e.conftest import RunningServer, start_server
+from tritonclient.utils import InferenceServerException
 
 from trident.options import EXAMPLE_REPOSITORY
 
@@ -125,3 +128,94 @@ def test_a_large_body_cut_short_leaves_the_server_serving(server):
     finally:
         client.close()
 
+
+
+# ---- a large tensor the model refuses is refused before its data is decoded -----------------
+
+N_BYTES = 300_000  # BYTES elements of 4 bytes behind 4-byte prefixes: a 2.4 MB body, decoded off the loop
+
+
+def bytes_body(model_shape: list[int], data: bytes, datatype: str = "BYTES") -> tuple[bytes, int]:
+    header = json.dumps({"inputs": [{"name": "INPUT0", "shape": model_shape, "datatype": datatype,
+                                     "parameters": {"binary_data_size": len(data)}}]}).encode()
+    return header + data, len(header)
+
+
+def post(server, model: str, body: bytes, json_length: int) -> tuple[int, bytes]:
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as sock:
+        sock.sendall((f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                      f"Inference-Header-Content-Length: {json_length}\r\n\r\n").encode() + body)
+        status, _, answer = read_response(sock)
+    return status, answer
+
+
+def test_a_large_tensor_the_model_refuses_gets_the_admission_answer_before_any_decode(server):
+    elements = b"\x04\x00\x00\x00abcd" * N_BYTES
+    # BYTES for an FP32 input: Triton's datatype answer, the tritonclient way
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        item = httpclient.InferInput("INPUT0", [N_BYTES], "BYTES")
+        item.set_data_from_numpy(np.array([b"abcd"] * N_BYTES, dtype=object), binary_data=True)
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("identity_fp32", [item])
+        assert e.value.status() == "400"
+        assert e.value.message() == ("inference input 'INPUT0' data-type is 'BYTES', but model 'identity_fp32' "
+                                     "expects 'FP32'")
+    finally:
+        client.close()
+    # the same with its last element cut short: still the datatype answer, so no element was read
+    status, answer = post(server, "identity_fp32", *bytes_body([N_BYTES], elements[:-1]))
+    assert status == 400 and "data-type is 'BYTES'" in json.loads(answer)["error"], answer
+    # a BYTES model (bytes_echo: max_batch_size 8, dims [-1]) refuses a batch of N_BYTES, cut short or not
+    for data in (elements, elements[:-1]):
+        status, answer = post(server, "bytes_echo", *bytes_body([N_BYTES], data))
+        assert status == 400, answer
+        assert json.loads(answer)["error"] == "inference request batch-size must be <= 8 for 'bytes_echo'"
+    # an unknown input
+    header = json.dumps({"inputs": [{"name": "NOPE", "shape": [1, N_BYTES], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(elements) - 1}}]}).encode()
+    status, answer = post(server, "bytes_echo", header + elements[:-1], len(header))
+    assert status == 400 and json.loads(answer)["error"] == "unexpected inference input 'NOPE' for model 'bytes_echo'"
+    # what the model takes is decoded and answered: a BYTES model, and one cut short is refused
+    # for its data
+    status, answer = post(server, "bytes_echo", *bytes_body([1, N_BYTES], elements))
+    assert status == 200, answer[:300]
+    doc = json.loads(answer)
+    assert doc["outputs"][0]["shape"] == [1, N_BYTES] and doc["outputs"][0]["data"][:2] == ["ABCD", "ABCD"]
+    status, answer = post(server, "bytes_echo", *bytes_body([1, N_BYTES], elements[:-1]))
+    assert status == 400 and "BYTES" in json.loads(answer)["error"], answer
+
+
+def test_a_large_grpc_tensor_the_model_refuses_is_refused_before_any_decode():
+    import tritonclient.grpc as grpcclient
+    from tritonclient.grpc import service_pb2
+
+    s = start_server("--allow-http=false", repo=EXAMPLE_REPOSITORY)
+    try:
+        with grpcclient.InferenceServerClient(s.grpc_url) as client:
+            item = grpcclient.InferInput("INPUT0", [N_BYTES], "BYTES")
+            item.set_data_from_numpy(np.array([b"abcd"] * N_BYTES, dtype=object))
+            with pytest.raises(InferenceServerException) as e:
+                client.infer("identity_fp32", [item])
+            assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+            assert e.value.message() == ("inference input 'INPUT0' data-type is 'BYTES', but model 'identity_fp32' "
+                                         "expects 'FP32'")
+            # BYTES contents cut short, for the FP32 model and for a BYTES model's refused batch:
+            # the admission's answers, so no element was read
+            for model, shape, expected in (
+                ("identity_fp32", [N_BYTES], "data-type is 'BYTES'"),
+                ("bytes_echo", [N_BYTES], "inference request batch-size must be <= 8 for 'bytes_echo'"),
+            ):
+                message = service_pb2.ModelInferRequest(model_name=model)
+                message.inputs.add(name="INPUT0", datatype="BYTES", shape=shape)
+                message.raw_input_contents.append(b"\x04\x00\x00\x00abcd" * N_BYTES + b"\x04")
+                with pytest.raises(Exception) as raw:
+                    client._client_stub.ModelInfer(message)
+                assert expected in raw.value.details(), raw.value.details()
+            # the BYTES model answers what it takes
+            ok = grpcclient.InferInput("INPUT0", [1, N_BYTES], "BYTES")
+            ok.set_data_from_numpy(np.array([[b"abcd"] * N_BYTES], dtype=object))
+            result = client.infer("bytes_echo", [ok])
+            assert result.as_numpy("OUTPUT0").shape == (1, N_BYTES) and result.as_numpy("OUTPUT0")[0, 0] == b"ABCD"
+    finally:
+        s.stop()

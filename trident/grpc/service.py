@@ -295,7 +295,10 @@ class InferenceService:
             if not grpc_codec.is_heavy(data, call.conn.config.offload_size):
                 request = grpc_codec.decode_model_infer_request(data, shm)
             else:
-                request = await call.run_sync(grpc_codec.decode_model_infer_request, data, shm)
+                # an input the model refuses is refused before its data is decoded
+                named = grpc_codec.model_of(data)
+                check = self.server.input_check(*named) if named is not None else None
+                request = await call.run_sync(grpc_codec.decode_model_infer_request, data, shm, check)
         except grpc_codec.DecodeError as e:
             raise invalid_arg(f"failed to parse ModelInferRequest: {e}") from None
         if self.forward is not None:

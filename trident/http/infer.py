@@ -216,8 +216,10 @@ class InferExchange:
                 if len(body) >= offload.OFFLOAD_THRESHOLD and kserve.is_heavy(
                         body, header_length, offload.OFFLOAD_THRESHOLD):
                     # a large JSON (or BYTES) decode: in a worker thread, not on the loop
+                    # an input the model refuses is refused before its data is decoded
+                    check = endpoint.server.input_check(name, version)
                     request = await offload.run_sync(kserve.decode_infer_request, body, header_length, name,
-                                                     version, shm)
+                                                     version, shm, check)
                     self.heavy = request
                 else:
                     request = kserve.decode_infer_request(body, header_length, name, version, shm)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import trio
 
 import trident
+from trident.batching.admission import check_input
 from trident.errors import Code, TritonError, invalid_arg, unavailable, unsupported
 from trident.observability.logs import VERBOSE, LogSettings
 from trident.observability.stats import ModelStatistics
@@ -156,6 +158,17 @@ class Server:
         mv = self._get(name, version)
         batch = [-1] if mv.max_batch_size > 0 else []
         return [(s.name, s.datatype, batch + s.dims) for s in mv.inputs.values()]
+
+    def input_check(self, name: str, version: str = "") -> Callable[[str, str, tuple[int, ...]], None] | None:
+        """``check(input_name, datatype, shape)`` for a decoder (protocol.kserve.InputCheck): raises
+        what the model's admission would for that input, so a tensor the model refuses is refused
+        before its data is read; None where the model is not serving (its request then fails
+        where it starts, with that error). Never raises."""
+        try:
+            mv = self._get(name, version)
+        except TritonError:
+            return None
+        return partial(check_input, mv.name, mv.max_batch_size, mv.inputs)
 
     def model_config(self, name: str, version: str = "") -> ModelConfig:
         """The model's final config. Raises TritonError NOT_FOUND / UNAVAILABLE."""

@@ -11,6 +11,7 @@ from trident.batching.admission import (
     MAX_QUEUE_DELAY_TARGET_US,
     QUEUE_DELAY_PARAMETER,
     LoadShedder,
+    check_input,
     queue_delay_target_us,
     validate_request,
 )
@@ -119,6 +120,28 @@ def _config_with_target(value: str | None) -> ModelConfig:
     if value is not None:
         config.parameters[QUEUE_DELAY_PARAMETER] = ModelParameter(string_value=value)
     return config
+
+
+@pytest.mark.parametrize(("name", "datatype", "shape"), [
+    ("NOPE", "FP32", (1, 4)), ("IN", "BYTES", (1, 4)), ("IN", "FP32", ()), ("IN", "FP32", (1, 5)),
+    ("IN", "FP32", (9, 4)),
+])
+def test_the_early_input_check_refuses_what_the_whole_check_refuses_with_its_words(name, datatype, shape):
+    """What a decoder checks before it reads a tensor's data (check_input) is refused by the
+    request's whole check too, with the same message."""
+    with pytest.raises(TritonError) as early:
+        check_input("m", 8, INPUTS, name, datatype, shape)
+    data = np.zeros(shape, np.float32) if datatype == "FP32" else np.zeros(shape, object)
+    with pytest.raises(TritonError) as whole:
+        _check(_request(Tensor(name, datatype, shape, data)), None)
+    assert early.value.code == whole.value.code == Code.INVALID_ARG
+    assert early.value.message == whole.value.message
+
+
+def test_the_early_input_check_passes_what_the_model_takes() -> None:
+    check_input("m", 8, INPUTS, "IN", "FP32", (8, 4))
+    check_input("m", 0, INPUTS, "IN", "FP32", (4,))
+    check_input("m", 8, INPUTS, "OPT", "INT32", (2, 1))
 
 
 def test_queue_delay_target_parameter_overrides_the_default() -> None:

@@ -466,3 +466,53 @@ def test_repeated_tensor_metadata_decodes_alike_and_apart():
     assert "changed" not in decode_model_infer_request(message([5, 6])).inputs[0].parameters
     typed = [decode_model_infer_request(message(v, raw=False)).inputs[0].data.tolist() for v in ([7, 8], [9, 10])]
     assert typed == [[7, 8], [9, 10]]
+
+
+def test_model_of_names_the_model_as_the_decode_does():
+    message = pb.ModelInferRequest(model_name="first", model_version="2")
+    message.inputs.add(name="X", datatype="FP32", shape=[1])
+    message.raw_input_contents.append(b"\x00" * 4)
+    data = message.SerializeToString()
+    # a repeated singular field: the last one wins, in the decode and here
+    data += pb.ModelInferRequest(model_name="last").SerializeToString()
+    from trident.protocol.grpc_codec import model_of
+    assert model_of(data) == ("last", "2") == (decode_model_infer_request(data).model_name, "2")
+    assert model_of(b"") == ("", "")
+    assert model_of(b"\x0a\x05ab") is None  # a string cut short: malformed
+
+
+def refuse_unless(name: str, datatype: str):
+    """An input check (protocol.kserve.InputCheck) that accepts one input, as a model's admission
+    would, and refuses the rest with its own error."""
+    seen: list[tuple[str, str, tuple[int, ...]]] = []
+
+    def check(input_name: str, input_datatype: str, shape: tuple[int, ...]) -> None:
+        seen.append((input_name, input_datatype, shape))
+        if (input_name, input_datatype) != (name, datatype):
+            raise TritonError(Code.INVALID_ARG, f"refused {input_name} {input_datatype} {list(shape)}")
+
+    return check, seen
+
+
+def test_the_input_check_runs_before_any_data_is_read():
+    # BYTES data cut short: without the check the decode says so; with it, the check's refusal
+    # comes first, as no element was read
+    m = request_with(datatype="BYTES", shape=[2])
+    m.raw_input_contents.append(b"\x05\x00\x00\x00ab")
+    assert "BYTES" in error_of(m).message
+    check, seen = refuse_unless("X", "FP32")
+    with pytest.raises(TritonError) as e:
+        decode_model_infer_request(m.SerializeToString(), check=check)
+    assert e.value.message == "refused X BYTES [2]" and seen == [("X", "BYTES", (2,))]
+    # an accepted input decodes as before; an unknown datatype or a bad shape is refused as such
+    ok = request_with(datatype="FP32", shape=[1, 2])
+    ok.raw_input_contents.append(np.arange(2, dtype="<f4").tobytes())
+    check, seen = refuse_unless("X", "FP32")
+    assert decode_model_infer_request(ok.SerializeToString(), check=check).inputs[0].data.tolist() == [[0.0, 1.0]]
+    assert seen == [("X", "FP32", (1, 2))]
+    for bad in (request_with(datatype="FP99", shape=[1]), request_with(datatype="FP32", shape=[-1])):
+        bad.raw_input_contents.append(b"\x00" * 4)
+        check, seen = refuse_unless("X", "FP32")
+        with pytest.raises(TritonError) as e:
+            decode_model_infer_request(bad.SerializeToString(), check=check)
+        assert not seen and not e.value.message.startswith("refused")

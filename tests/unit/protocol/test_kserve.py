@@ -961,3 +961,30 @@ def test_only_costly_encodes_are_large() -> None:
     huge_response = InferenceResponse("m", "1", outputs=[Tensor.from_numpy("A", huge)])
     assert kserve.response_is_large(huge_response, in_shm)
     assert not kserve.response_is_large(InferenceResponse("m", "1", outputs=[Tensor.from_numpy("A", big[:16])]))
+
+
+def test_the_input_check_runs_before_an_inputs_data_is_read():
+    """``check`` (protocol.kserve.InputCheck) is called with each input's name, datatype and
+    shape before its data is decoded: BYTES data cut short is not even looked at when the check
+    refuses the input."""
+    header = json.dumps({"inputs": [{"name": "X", "shape": [2], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": 6}}]}).encode()
+    body = header + b"\x05\x00\x00\x00ab"
+    with pytest.raises(TritonError) as plain:
+        kserve.decode_infer_request(body, len(header), "m", "")
+    assert "BYTES" in plain.value.message
+    seen: list[tuple[str, str, tuple[int, ...]]] = []
+
+    def check(name: str, datatype: str, shape: tuple[int, ...]) -> None:
+        seen.append((name, datatype, shape))
+        if datatype != "FP32":
+            raise TritonError(Code.INVALID_ARG, f"refused {name} {datatype}")
+
+    with pytest.raises(TritonError) as refused:
+        kserve.decode_infer_request(body, len(header), "m", "", check=check)
+    assert refused.value.message == "refused X BYTES" and seen == [("X", "BYTES", (2,))]
+    # an accepted input (JSON data here) decodes as without the check
+    accepted = json.dumps({"inputs": [{"name": "X", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}).encode()
+    seen.clear()
+    request = kserve.decode_infer_request(accepted, None, "m", "", check=check)
+    assert request.inputs[0].data.tolist() == [[1.0, 2.0]] and seen == [("X", "FP32", (1, 2))]
