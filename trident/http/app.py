@@ -190,7 +190,10 @@ async def _wait_watching(handle: RequestHandle, receive: Receive) -> InferenceRe
             error = exc
         nursery.cancel_scope.cancel()
     if error is not None:
-        raise error
+        try:
+            raise error
+        finally:
+            del error  # this frame is in the error's traceback: holding it there would be a cycle
     return response
 
 

@@ -92,11 +92,19 @@ async def infer_watching(server: Server, request: InferenceRequest, receive: Rec
             error = exc
         nursery.cancel_scope.cancel()
     if error is not None:
-        raise error
+        try:
+            raise error
+        finally:
+            del error  # this frame is in the error's traceback: holding it there would be a cycle
     if gone:
         raise ClientGone
     if refused is not None:
-        raise refused
+        error = refused
+        refused = None
+        try:
+            raise error
+        finally:
+            del error
 
 
 async def send_body(send: Send, body: bytes, more: bool = True) -> None:

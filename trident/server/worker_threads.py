@@ -26,6 +26,8 @@ from typing import TypeVar
 
 import trio
 
+from trident.errors import TritonError
+
 T = TypeVar("T")
 
 SWITCH_INTERVAL = 0.0002  # seconds: the GIL switch interval while a job runs
@@ -38,6 +40,12 @@ _saved_interval = 0.005
 async def run_sync(fn: Callable[..., T], *args: object, limiter: trio.CapacityLimiter) -> T:
     """``fn(*args)`` in a worker thread of ``limiter``; returns or raises what it does.
 
+    A TritonError (a refused request: an expected answer, not a fault) reaches the caller
+    without the thread's traceback or the exception it was raised from: their frames hold what
+    the job worked on (a decoded body of hundreds of MB), and the way trio hands an exception
+    back from a thread leaves it in a reference cycle that only the cyclic collector frees, which
+    may not run for a long while. Other exceptions keep their tracebacks.
+
     Waiting for a free thread can be cancelled; once the thread runs, cancellation takes effect
     when it returns.
     """
@@ -47,14 +55,31 @@ async def run_sync(fn: Callable[..., T], *args: object, limiter: trio.CapacityLi
         sys.setswitchinterval(min(_saved_interval, SWITCH_INTERVAL))
     _running += 1
     try:
-        return await trio.to_thread.run_sync(_low_priority, fn, args, limiter=limiter)
+        result = await trio.to_thread.run_sync(_low_priority, fn, args, limiter=limiter)
+        if isinstance(result, _Refused):
+            error = result.error
+            del result
+            try:
+                raise error
+            finally:
+                del error  # this frame, in the error's traceback, must not hold it: a cycle
+        return result
     finally:
         _running -= 1
         if _running == 0:
             sys.setswitchinterval(_saved_interval)
 
 
-def _low_priority(fn: Callable[..., T], args: tuple[object, ...]) -> T:
+class _Refused:
+    """A TritonError a job raised, returned instead (see :func:`run_sync`)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: TritonError) -> None:
+        self.error = error
+
+
+def _low_priority(fn: Callable[..., T], args: tuple[object, ...]) -> T | _Refused:
     """``fn(*args)`` at the lowest CPU priority (nice 19) for this thread while it runs, so
     the event loop's thread, when runnable, gets the core first (on a server pinned to one core
     the two otherwise share it in equal slices). The priority is restored afterwards where
@@ -68,6 +93,9 @@ def _low_priority(fn: Callable[..., T], args: tuple[object, ...]) -> T:
         before = None
     try:
         return fn(*args)
+    except TritonError as e:  # handed back bare: no frames, no chained exception
+        e.__traceback__ = e.__context__ = e.__cause__ = None
+        return _Refused(e)
     finally:
         if before is not None and before != LOW_PRIORITY:
             try:
@@ -159,4 +187,7 @@ async def open_thread_nursery() -> AsyncIterator[ThreadNursery]:
         finally:
             threads._closed = True
     if error is not None:
-        raise error
+        try:
+            raise error
+        finally:
+            del error  # this frame is in the error's traceback: holding it there would be a cycle

@@ -35,6 +35,48 @@ async def test_a_job_returns_and_raises_what_it_does() -> None:
         raise AssertionError("the job's error was not raised")
 
 
+async def test_a_refusal_comes_back_bare_and_frees_what_the_job_held_at_once() -> None:
+    """A TritonError raised in a job reaches the caller with no frame of the job's and no
+    exception it was raised from, so what the job held (a decoded body) is freed by reference
+    counting as soon as the caller lets the error go, with the cyclic collector off."""
+    import gc
+    import weakref
+
+    from trident.errors import Code, TritonError
+
+    class Held:
+        pass
+
+    held: list[weakref.ref] = []
+
+    def job() -> None:
+        big = Held()
+        held.append(weakref.ref(big))
+        try:
+            int("x")
+        except ValueError:
+            raise TritonError(Code.INVALID_ARG, "refused") from None
+
+    gc.disable()
+    try:
+        try:
+            await worker_threads.run_sync(job, limiter=trio.CapacityLimiter(1))
+        except TritonError as e:
+            assert e.code == Code.INVALID_ARG and e.message == "refused"
+            assert e.__context__ is None and e.__cause__ is None
+            frames = []
+            tb = e.__traceback__
+            while tb is not None:
+                frames.append(tb.tb_frame.f_code.co_name)
+                tb = tb.tb_next
+            assert "job" not in frames
+        else:
+            raise AssertionError("the job's refusal was not raised")
+        assert held and held[0]() is None  # freed without a collection
+    finally:
+        gc.enable()
+
+
 # ---- threads owned by a nursery (a model version's long-lived threads) ------------------------
 
 
