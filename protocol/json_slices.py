@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 Loads = Callable[[bytes | bytearray | memoryview], Any]
+Searchable = bytes | bytearray | memoryview  # a memoryview: contiguous, of unsigned bytes
 Convert = Callable[[list[Any]], Any]
 
 SLICE_SIZE = 1 << 15  # bytes of list text parsed at once (~8k numbers: a fraction of a millisecond)
@@ -61,6 +62,15 @@ class SlicedList:
         out = self._parse(b"[" + bytes(self._text) + b"]")
         assert isinstance(out, list)
         return out
+
+    def release(self) -> None:
+        """Drop the parts one at a time. Freed all at once, with the list, the parts of a long
+        list of strings (object arrays: one reference per element) are freed in one C call that
+        holds the GIL: ~70 ms for 15M elements; one at a time, the interpreter may hand the GIL
+        over between two of them."""
+        parts = self.parts
+        while parts:
+            parts.pop()
 
     def __len__(self) -> int:
         return self.length
@@ -114,31 +124,40 @@ def loads(data: bytes | bytearray | memoryview, parse: Loads, slice_size: int = 
     return doc
 
 
-def _find(buf: bytes | bytearray, needle: bytes, start: int, end: int) -> int:
+def _find(buf: Searchable, needle: bytes, start: int, end: int) -> int:
     """``buf.find(needle, start, end)``, in windows of ``SCAN_WINDOW`` bytes (a thread running
-    it can hand the GIL over between two windows)."""
+    it can hand the GIL over between two windows); a memoryview's windows are copied to search
+    them (it has no ``find``)."""
     overlap = len(needle) - 1
     while start < end:
         stop = min(end, start + SCAN_WINDOW)
-        at = buf.find(needle, start, min(end, stop + overlap))
+        if isinstance(buf, memoryview):
+            at = bytes(buf[start:min(end, stop + overlap)]).find(needle)
+            at = at + start if at >= 0 else -1
+        else:
+            at = buf.find(needle, start, min(end, stop + overlap))
         if at >= 0 or stop >= end:
             return at
         start = stop
     return -1
 
 
-def _searchable(data: bytes | bytearray | memoryview) -> bytes | bytearray:
-    """``data`` as something with ``find``: the object under a memoryview of a whole bytes or
-    bytearray (no copy of a large body), else a copy."""
+def _searchable(data: bytes | bytearray | memoryview) -> Searchable:
+    """``data`` as :func:`_find` and the regular expressions search it, never copied whole
+    (one copy of a 45 MiB body holds the GIL for tens of milliseconds): the bytes or bytearray
+    under a memoryview of a whole one, else the memoryview as bytes (a body received into a
+    numpy buffer)."""
     if not isinstance(data, memoryview):
         return data
     base = data.obj
     if isinstance(base, (bytes, bytearray)) and data.contiguous and data.nbytes == len(base):
         return base
+    if data.contiguous:
+        return data.cast("B") if data.format != "B" or data.ndim != 1 else data
     return bytes(data)
 
 
-def _parse_list(buf: bytes | bytearray, start: int, end: int, strings: bool, parse: Loads,
+def _parse_list(buf: Searchable, start: int, end: int, strings: bool, parse: Loads,
                 slice_size: int, convert: Convert | None) -> list[Any] | SlicedList:
     """The elements of the flat list whose text is ``buf[start:end]``, parsed slice by slice
     (a SlicedList of the converted slices with ``convert``). Raises _Fallback when a slice is
@@ -155,7 +174,7 @@ def _parse_list(buf: bytes | bytearray, start: int, end: int, strings: bool, par
                 if match is not None:
                     piece_end, following = match.start() + 1, match.end() - 1
             else:
-                comma = buf.find(b",", cut, end)
+                comma = _find(buf, b",", cut, end)
                 if comma >= 0:
                     piece_end, following = comma, comma + 1
         try:

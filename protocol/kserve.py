@@ -177,12 +177,16 @@ def decode_infer_request(
     offset = header_length
     inputs: list[Tensor] = []
     seen: set[str] = set()
-    for item in inputs_json:
-        tensor, offset = _decode_input(item, view, offset, header_length < total, model_name, shm, check)
-        if tensor.name in seen:
-            raise invalid_arg(f"input '{tensor.name}' appears more than once in the request")
-        seen.add(tensor.name)
-        inputs.append(tensor)
+    try:
+        for item in inputs_json:
+            tensor, offset = _decode_input(item, view, offset, header_length < total, model_name, shm, check)
+            if tensor.name in seen:
+                raise invalid_arg(f"input '{tensor.name}' appears more than once in the request")
+            seen.add(tensor.name)
+            inputs.append(tensor)
+    except BaseException:
+        _release_slices(inputs_json)
+        raise
     if offset != total:
         raise invalid_arg(
             f"unexpected additional input data for model '{model_name}': "
@@ -592,6 +596,17 @@ def _convert_slice(items: list[Any]) -> tuple[bool, np.ndarray]:
         return False, out
 
 
+_COPIED = (False, np.empty(0))  # where a part of a SlicedList was, once copied
+
+
+def _release_slices(inputs_json: list[Any]) -> None:
+    """Free the long JSON lists of a request that failed, a slice at a time (SlicedList.release)."""
+    for item in inputs_json:
+        data = item.get("data") if isinstance(item, dict) else None
+        if isinstance(data, json_slices.SlicedList):
+            data.release()
+
+
 def _sliced_to_array(name: str, datatype: str, shape: tuple[int, ...], count: int,
                      data: json_slices.SlicedList) -> np.ndarray:
     """A long flat JSON list parsed slice by slice (its parts from :func:`_convert_slice`) as
@@ -611,9 +626,11 @@ def _sliced_to_array(name: str, datatype: str, shape: tuple[int, ...], count: in
             return json_to_array(name, datatype, shape, count, data.whole())
         out = np.empty(count, dtype=dtype)
     pos = 0
-    for _, part in parts:
+    for index in range(len(parts)):
+        part = parts[index][1]
         out[pos:pos + part.size] = part
         pos += part.size
+        parts[index] = _COPIED  # freed as it goes (SlicedList.release)
     if datatype == "BYTES":
         return out.reshape(shape)
     return _typed(name, datatype, shape, out, data.whole)
