@@ -11,9 +11,10 @@ Representation in trident (documented in README "Datatypes"):
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -125,7 +126,7 @@ def serialize_bytes(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-_FILL_SLICE = 1 << 16  # elements put into an object array per call (~1-5 ms with the GIL held)
+FILL_SLICE = 1 << 16  # elements put into an object array per call (~1-5 ms with the GIL held)
 
 
 def deserialize_bytes(buffer: bytes | bytearray | memoryview, count: int | None = None) -> np.ndarray:
@@ -134,7 +135,7 @@ def deserialize_bytes(buffer: bytes | bytearray | memoryview, count: int | None 
     Elements that all have one length (``count`` given: the usual tokens, ids and hashes, or a
     body of empty strings) are found with one strided numpy read of the length prefixes and
     copied out a slice at a time (~15M empty elements in ~0.2 s); other bodies are walked
-    element by element. The array is filled in slices of ``_FILL_SLICE`` elements, so a
+    element by element. The array is filled in slices of ``FILL_SLICE`` elements, so a
     thread decoding a large body lets others run between them.
 
     Raises ValueError when the buffer is truncated, has trailing bytes, or holds a number of
@@ -164,24 +165,42 @@ def deserialize_bytes(buffer: bytes | bytearray | memoryview, count: int | None 
             raise ValueError(f"BYTES data holds more than the {count} elements its shape declares")
     if count is not None and len(items) != count:
         raise ValueError(f"BYTES data holds {len(items)} elements, its shape declares {count}")
-    out = np.empty(len(items), dtype=object)
-    for start in range(0, len(items), _FILL_SLICE):
-        out[start : start + _FILL_SLICE] = items[start : start + _FILL_SLICE]
+    total = len(items)
+    out = object_array((items[start : start + FILL_SLICE] for start in range(0, total, FILL_SLICE)), total)
+    while items:  # the list let go a slice at a time, from its end (freed whole: one long call)
+        del items[-FILL_SLICE:]
     return out
 
 
 def _fixed_width(view: memoryview, count: int, width: int) -> np.ndarray:
     """``count`` elements of ``width`` bytes each, every one behind its 4-byte prefix."""
-    out = np.empty(count, dtype=object)
     if not width:
-        for start in range(0, count, _FILL_SLICE):
-            out[start : start + _FILL_SLICE] = b""
-        return out
+        return object_array(((b"",) * min(FILL_SLICE, count - start) for start in range(0, count, FILL_SLICE)),
+                            count)
     # unstructured void items come out as bytes, exactly (numpy's "S" would drop trailing NULs)
     fields = np.ndarray((count,), dtype=f"V{width}", buffer=view, offset=4, strides=(4 + width,))
-    for start in range(0, count, _FILL_SLICE):
-        out[start : start + _FILL_SLICE] = fields[start : start + _FILL_SLICE].tolist()
-    return out
+    return object_array((fields[start : start + FILL_SLICE].tolist() for start in range(0, count, FILL_SLICE)),
+                        count)
+
+
+def object_array(chunks: Iterable[Sequence[object]], count: int) -> np.ndarray:
+    """A 1-D object array of the ``count`` elements ``chunks`` yield (sequences of at most
+    ``FILL_SLICE`` elements; a generator, so that making each is Python code).
+
+    Small arrays are made whole. A large one is never allocated whole first: ``np.empty`` of
+    an object array writes ``None`` into every element of freshly mapped memory in one call
+    that holds the GIL (15M elements: 150-300 ms on first touch, 25-40 ms after); numpy's
+    ``fromiter`` takes memory that is zeroed lazily and fills it as the chunks come, and the
+    interpreter can hand the GIL over between two chunks (a few ms at most), at ~1.5x the time.
+    """
+    if count <= FILL_SLICE:
+        out = np.empty(count, dtype=object)
+        pos = 0
+        for chunk in chunks:
+            out[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+        return out
+    return np.fromiter(itertools.chain.from_iterable(chunks), dtype=object, count=count)
 
 
 def to_bytes_array(values: Iterable[object]) -> np.ndarray:

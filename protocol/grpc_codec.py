@@ -715,13 +715,12 @@ def _from_contents(buf: _Bytes, view: memoryview, t: _Input, dtype: np.dtype, co
             )
     field = present[0]
     if field == 8:
-        array = np.empty(len(strings), dtype=object)
-        array[:] = strings
         if len(strings) != count:
             raise invalid_arg(
                 f"expected {count} string elements for input '{t.name}' for model '{model}', got {len(strings)}"
             )
-        return array
+        return datatypes.object_array(
+            (strings[start : start + datatypes.FILL_SLICE] for start in range(0, count, datatypes.FILL_SLICE)), count)
     values = np.concatenate(chunks[field]) if len(chunks[field]) > 1 else chunks[field][0]
     if values.size != count:
         raise _byte_size_mismatch(t, model, count * dtype.itemsize, values.size * dtype.itemsize)

@@ -23,7 +23,7 @@ Choices where Triton is silent or inconsistent (documented in README "HTTP"):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -570,9 +570,8 @@ def _json_to_bytes(name: str, shape: tuple[int, ...], count: int, data: list[Any
             items = [s.encode("utf-8") for s in flat]
         except AttributeError:
             raise _bad_data(name, "BYTES", "expected JSON strings") from None
-    out = np.empty(count, dtype=object)
-    for i in range(0, count, _CONVERT_CHUNK):  # slices: the GIL is released between them
-        out[i : i + _CONVERT_CHUNK] = items[i : i + _CONVERT_CHUNK]
+    # in slices: the GIL can be handed over between them (datatypes.object_array)
+    out = datatypes.object_array((items[i : i + _CONVERT_CHUNK] for i in range(0, count, _CONVERT_CHUNK)), count)
     return out.reshape(shape)
 
 
@@ -617,22 +616,26 @@ def _sliced_to_array(name: str, datatype: str, shape: tuple[int, ...], count: in
     if datatype == "BYTES":
         if not all(encoded for encoded, _ in parts):
             raise _bad_data(name, "BYTES", "expected JSON strings")
-        out = np.empty(count, dtype=object)
-    else:
-        dtype = parts[0][1].dtype
-        if any(encoded or part.dtype != dtype for encoded, part in parts) or dtype.kind == "O":
-            # the slices disagree (ints, then floats) or hold what numpy cannot type: the
-            # list as one parse gives it, then the usual path (rare, and slow for a long list)
-            return json_to_array(name, datatype, shape, count, data.whole())
-        out = np.empty(count, dtype=dtype)
+
+        def taken() -> Iterator[np.ndarray]:  # each part freed once it is in the array
+            for index in range(len(parts)):
+                part = parts[index][1]
+                parts[index] = _COPIED
+                yield part
+
+        return datatypes.object_array(taken(), count).reshape(shape)
+    dtype = parts[0][1].dtype
+    if any(encoded or part.dtype != dtype for encoded, part in parts) or dtype.kind == "O":
+        # the slices disagree (ints, then floats) or hold what numpy cannot type: the
+        # list as one parse gives it, then the usual path (rare, and slow for a long list)
+        return json_to_array(name, datatype, shape, count, data.whole())
+    out = np.empty(count, dtype=dtype)
     pos = 0
     for index in range(len(parts)):
         part = parts[index][1]
         out[pos:pos + part.size] = part
         pos += part.size
         parts[index] = _COPIED  # freed as it goes (SlicedList.release)
-    if datatype == "BYTES":
-        return out.reshape(shape)
     return _typed(name, datatype, shape, out, data.whole)
 
 

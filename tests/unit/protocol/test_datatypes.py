@@ -82,6 +82,25 @@ def test_bytes_of_one_length_but_a_different_prefix_inside_are_walked():
     assert dt.deserialize_bytes(b"\x00\x00\x00\x00" * 5, 5).tolist() == [b""] * 5
 
 
+@pytest.mark.parametrize("count", [dt.FILL_SLICE - 1, dt.FILL_SLICE, dt.FILL_SLICE + 1, 3 * dt.FILL_SLICE + 7])
+def test_large_bytes_are_the_elements_whatever_the_path(count):
+    """Past ``FILL_SLICE`` elements the array is filled from chunks as they come (numpy's
+    fromiter); the elements are the same as a small array's, for empty, one-length and varied
+    elements, and the count must still match."""
+    for items in ([b""] * count, [b"%05d" % (i % 99999) for i in range(count)],
+                  [b"x" * (i % 3) for i in range(count)]):
+        arr = np.empty(count, dtype=object)
+        arr[:] = items
+        wire = dt.serialize_bytes(arr)
+        back = dt.deserialize_bytes(wire, count)
+        assert back.dtype == object and back.shape == (count,) and back.tolist() == items
+        assert dt.deserialize_bytes(wire).tolist() == items
+        with pytest.raises(ValueError):
+            dt.deserialize_bytes(wire, count + 1)
+    chunks = ([i, i + 1] for i in range(0, 2 * dt.FILL_SLICE, 2))
+    assert dt.object_array(chunks, 2 * dt.FILL_SLICE).tolist() == list(range(2 * dt.FILL_SLICE))
+
+
 def test_bytes_serialize_str_is_utf8():
     arr = np.array(["hé", "x"], dtype=object)
     assert dt.deserialize_bytes(dt.serialize_bytes(arr)).tolist() == ["hé".encode(), b"x"]

@@ -988,3 +988,16 @@ def test_the_input_check_runs_before_an_inputs_data_is_read():
     seen.clear()
     request = kserve.decode_infer_request(accepted, None, "m", "", check=check)
     assert request.inputs[0].data.tolist() == [[1.0, 2.0]] and seen == [("X", "FP32", (1, 2))]
+
+
+def test_a_long_json_bytes_list_decodes_to_its_strings():
+    """A JSON document past LARGE_JSON is parsed in slices and a long BYTES list is made an
+    object array from them (datatypes.object_array: past FILL_SLICE elements, filled as the
+    slices come); the elements are the strings, UTF-8 encoded, in order."""
+    n = 200_000
+    values = [f"é{i}" for i in range(n)]
+    body = json.dumps({"inputs": [{"name": "X", "shape": [2, n // 2], "datatype": "BYTES", "data": values}]}).encode()
+    assert len(body) >= kserve.LARGE_JSON
+    tensor = kserve.decode_infer_request(body, None, "m", "").inputs[0]
+    assert tensor.data.shape == (2, n // 2) and tensor.data.dtype == object
+    assert tensor.data.reshape(-1).tolist() == [v.encode() for v in values]
