@@ -878,11 +878,16 @@ def _encode_output(tensor: Tensor, binary: bool, blobs: list[bytes | memoryview]
                 out["parameters"] = params
             out["data"] = values
             return out
-    blob = _binary_data(datatype, data)
     if params is None:
         params = {}
-    params["binary_data_size"] = len(blob)
     out["parameters"] = params
+    if datatype == "BYTES":  # in parts, never joined here (see datatypes.serialize_bytes_parts)
+        pieces = datatypes.serialize_bytes_parts(data)
+        params["binary_data_size"] = sum(map(len, pieces))
+        blobs.extend(pieces)
+        return out
+    blob = _binary_data(datatype, data)
+    params["binary_data_size"] = len(blob)
     if len(blob):
         blobs.append(blob)
     return out

@@ -25,6 +25,7 @@ from trident.backends.python import _cuda, pb_utils
 from trident.backends.python._dlpack import KDL_CUDA, DeviceBuffer, DeviceView
 from trident.backends.python._pb_tensor import DeviceTensor
 from trident.errors import Code, TritonError, internal
+from trident.protocol import datatypes
 from trident.types import (
     InferenceRequest,
     InferenceResponse,
@@ -42,11 +43,16 @@ RESERVED_PARAMETERS = frozenset(
 )
 
 
+_BYTES_ONLY = {bytes}
+
+
 def bytes_array(array: np.ndarray) -> np.ndarray:
     """``array`` as an object array of bytes (str is UTF-8 encoded, other objects via str())."""
     if array.dtype == object:
         flat = array.reshape(-1)
-        if all(type(x) is bytes for x in flat):
+        # checked a slice at a time by C code (a Python loop over 15M elements took ~1 s)
+        if all(set(map(type, flat[start : start + datatypes.FILL_SLICE].tolist())) <= _BYTES_ONLY
+               for start in range(0, flat.size, datatypes.FILL_SLICE)):
             return array
         items = flat.tolist()
     else:  # 'S' or 'U'

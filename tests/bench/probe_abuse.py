@@ -611,9 +611,15 @@ def json_body(args, datatype: str) -> bytes:
     return _JSON_BODIES[key]
 
 
+def bytes_path(args) -> str:
+    """Where the BYTES cases post: ``--bytes-model`` (a model with a BYTES input of shape [-1]
+    takes them; the default, the victims' FP32 model, refuses them)."""
+    return f"/v2/models/{args.bytes_model or args.model}/infer"
+
+
 async def case_http_json_bytes(args, nursery) -> str:
     body = json_body(args, "BYTES")
-    return await http_post(args, infer_path(args), body, [("content-type", "application/json")], args.case_wait)
+    return await http_post(args, bytes_path(args), body, [("content-type", "application/json")], args.case_wait)
 
 
 async def case_http_json_floats(args, nursery) -> str:
@@ -656,7 +662,7 @@ def binary_bytes_body(args) -> tuple[bytes, int]:
 
 async def case_http_binary_bytes(args, nursery) -> str:
     body, header_length = binary_bytes_body(args)
-    return await http_post(args, infer_path(args), body, [("content-type", "application/octet-stream"),
+    return await http_post(args, bytes_path(args), body, [("content-type", "application/octet-stream"),
                                                           ("inference-header-content-length", str(header_length))],
                            args.case_wait)
 
@@ -1240,6 +1246,8 @@ def main() -> None:
     parser.add_argument("--victim-timeout", type=float, default=30.0, help="a victim request slower than this failed")
     parser.add_argument("--model", default="identity_fp32")
     parser.add_argument("--input", default="INPUT0")
+    parser.add_argument("--bytes-model", default="",
+                        help="the model of the BYTES cases (its input --input, BYTES [-1]); default: --model")
     parser.add_argument("--out", default="probe_abuse.jsonl", help="JSON lines, appended")
     parser.add_argument("--label", default="", help="a name for this run in the JSON lines (e.g. old / new)")
     args = parser.parse_args()

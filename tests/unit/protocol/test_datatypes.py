@@ -101,6 +101,24 @@ def test_large_bytes_are_the_elements_whatever_the_path(count):
     assert dt.object_array(chunks, 2 * dt.FILL_SLICE).tolist() == list(range(2 * dt.FILL_SLICE))
 
 
+def test_bytes_serialized_in_parts_join_to_the_whole():
+    """Past FILL_SLICE elements the wire form comes in parts of FILL_SLICE elements (each made by
+    C code); joined they are serialize_bytes, with str, bytearray, memoryview and other
+    elements converted as one element at a time would be."""
+    count = 2 * dt.FILL_SLICE + 5
+    items = [b"ab", "hé", 7, bytearray(b"z"), memoryview(b"mv"), b""] * (count // 6) + [b"end"] * (count % 6)
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = items
+    parts = dt.serialize_bytes_parts(arr)
+    assert len(parts) == 3
+    whole = b"".join(parts)
+    assert whole == dt.serialize_bytes(arr)
+    expected = [bytes(x) if isinstance(x, (bytearray, memoryview)) else x.encode() if isinstance(x, str)
+                else str(x).encode() if not isinstance(x, bytes) else x for x in items]
+    assert dt.deserialize_bytes(whole, len(items)).tolist() == expected
+    assert dt.serialize_bytes_parts(np.empty(0, dtype=object)) == [] and dt.serialize_bytes(np.empty(0, dtype=object)) == b""
+
+
 def test_bytes_serialize_str_is_utf8():
     arr = np.array(["hé", "x"], dtype=object)
     assert dt.deserialize_bytes(dt.serialize_bytes(arr)).tolist() == ["hé".encode(), b"x"]
