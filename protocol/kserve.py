@@ -820,7 +820,8 @@ def _splice_lists(header: bytes, lists: list[np.ndarray]) -> list[bytes]:
         at = header.index(marker, pos)
         batch.append(header[pos:at])
         for start in range(0, array.size, _ENCODE_SLICE):
-            piece = dumps(array[start:start + _ENCODE_SLICE])  # b"[...]"
+            part = array[start:start + _ENCODE_SLICE]
+            piece = dumps(part.tolist() if part.dtype == object else part)  # b"[...]" (str of BYTES: a list)
             batch.append(piece[:-1] if start == 0 else b"," + piece[1:-1])
             size += len(piece)
             if size >= _SPLICE_PIECE:
@@ -902,12 +903,24 @@ def _binary_data(datatype: str, data: np.ndarray) -> bytes | memoryview:
     return array.reshape(-1).data.cast("B")
 
 
+def _json_strings(flat: np.ndarray) -> list[str]:
+    """BYTES elements as JSON strings (UTF-8 decoded; raises UnicodeDecodeError)."""
+    return [x.decode("utf-8") if isinstance(x, (bytes, bytearray)) else str(x) for x in flat.tolist()]
+
+
 def json_data(datatype: str, data: np.ndarray) -> Any:
     """JSON value for an output's ``data``; None when it has no exact JSON form."""
     flat = data.reshape(-1)
     if datatype == "BYTES":
         try:
-            return [x.decode("utf-8") if isinstance(x, (bytes, bytearray)) else str(x) for x in flat.tolist()]
+            if flat.size <= _ENCODE_SLICE:
+                return _json_strings(flat)
+            # a long one as an object array of str made a slice at a time, encoded the same way
+            # by encode_infer_response (one list of millions of str, made and dumped in single
+            # calls, held the GIL ~100 ms for 15M elements)
+            return datatypes.object_array(
+                (_json_strings(flat[start:start + _ENCODE_SLICE]) for start in range(0, flat.size, _ENCODE_SLICE)),
+                flat.size)
         except UnicodeDecodeError:
             return None
     if datatype == "BF16":

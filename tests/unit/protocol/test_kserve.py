@@ -1001,3 +1001,20 @@ def test_a_long_json_bytes_list_decodes_to_its_strings():
     tensor = kserve.decode_infer_request(body, None, "m", "").inputs[0]
     assert tensor.data.shape == (2, n // 2) and tensor.data.dtype == object
     assert tensor.data.reshape(-1).tolist() == [v.encode() for v in values]
+
+
+def test_a_long_bytes_output_is_json_strings_encoded_a_slice_at_a_time():
+    """A BYTES output longer than one encode slice is decoded to str and encoded slice by slice;
+    the document is what one encode of the list gives. An element that is not UTF-8 makes the
+    output binary, as for a short one."""
+    n = 3 * kserve._ENCODE_SLICE + 3
+    values = np.array([f"s{i}é".encode() for i in range(n)], dtype=object).reshape(1, n)
+    response = InferenceResponse(model_name="m", model_version="1", outputs=[Tensor("O", "BYTES", (1, n), values)])
+    parts, header_length = kserve.encode_infer_response(response, [], False)
+    assert header_length is None and len(parts) >= 1
+    assert json.loads(b"".join(parts))["outputs"][0]["data"] == [f"s{i}é" for i in range(n)]
+    values[0, n - 1] = b"\xff"
+    parts, header_length = kserve.encode_infer_response(response, [], False)
+    assert header_length is not None  # binary: the JSON header, then the elements
+    doc = json.loads(b"".join(parts)[:header_length])
+    assert doc["outputs"][0]["parameters"]["binary_data_size"] == len(b"".join(parts)) - header_length
