@@ -13,7 +13,8 @@ Case groups (``--cases`` takes groups and single cases, comma separated):
   victims' max / p99 during the case is set against a quiet baseline, with what the abusive
   connection got back (HTTP status, GOAWAY + code, RST_STREAM codes, or nothing / held).
   Cases: ``http_gzip_bomb`` (~254 KiB of gzip inflating to 256 MiB of zeros),
-  ``http_json_bytes`` (~60 MiB: one BYTES input of 15M "" elements), ``http_json_floats`` (12M
+  ``http_json_bytes`` (~60 MiB: one BYTES input of 15M "" elements; to ``--bytes-model``, by
+  default the victims' FP32 model, which refuses it), ``http_json_floats`` (12M
   floats), ``http_binary_bytes`` (~57 MiB: the same 15M "" elements as binary data, 4-byte
   length prefixes), ``http_gzip_json`` (the 12M floats gzip-compressed: a legal body of
   ~45 MiB inflated), ``grpc_gzip_bomb`` (a compressed message inflating to 256 MiB),
