@@ -26,6 +26,7 @@ INVALID_ARG without multiplying their dimensions.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -394,25 +395,33 @@ def is_heavy(data: Buffer, threshold: int) -> bool:
     raw = 0
     named_bytes = False
     try:
-        pos = 0
-        while pos < end:
-            tag = buf[pos]
-            if tag < 0x80:
-                pos += 1
-            else:
-                tag, pos = _long_tag(buf, pos)
-            if tag == 0x3A or tag == 0x2A:  # raw_input_contents (7) or an input tensor (5)
-                start, stop = _length(buf, pos, end)
-                if tag == 0x3A:
-                    raw += stop - start
-                elif not named_bytes:
-                    named_bytes = b"BYTES" in buf[start:stop]
-                pos = stop
-            else:
-                pos = _skip(buf, pos, tag, end)
+        for tag, start, stop in _top_fields(buf, _HEAVY_FIELDS):
+            if tag == 0x3A:
+                raw += stop - start
+            elif not named_bytes:
+                named_bytes = b"BYTES" in buf[start:stop]
     except (IndexError, DecodeError):
         return True
     return end - raw >= threshold or (raw >= threshold and named_bytes)
+
+
+_HEAVY_FIELDS = (0x3A, 0x2A)  # the tags of raw_input_contents (7) and of an input tensor (5)
+_MODEL_FIELDS = (0x0A, 0x12)  # the tags of model_name (1) and model_version (2)
+
+
+def _top_fields(buf: bytes | bytearray, tags: tuple[int, int]) -> Iterator[tuple[int, int, int]]:
+    """``(tag, start, stop)`` of each top-level length-delimited field of a message whose tag is
+    one of ``tags``, in order; other fields are skipped. Raises IndexError or DecodeError for a
+    malformed message."""
+    end = len(buf)
+    pos = 0
+    while pos < end:
+        tag, pos = (buf[pos], pos + 1) if buf[pos] < 0x80 else _long_tag(buf, pos)
+        if tag in tags:
+            start, pos = _length(buf, pos, end)
+            yield tag, start, pos
+        else:
+            pos = _skip(buf, pos, tag, end)
 
 
 def model_of(data: Buffer) -> tuple[str, str] | None:
@@ -421,24 +430,12 @@ def model_of(data: Buffer) -> tuple[str, str] | None:
     top-level fields only: O(fields), not O(bytes)."""
     buf = data if isinstance(data, (bytes, bytearray)) else bytes(data)
     name = version = ""
-    end = len(buf)
     try:
-        pos = 0
-        while pos < end:
-            tag = buf[pos]
-            if tag < 0x80:
-                pos += 1
+        for tag, start, stop in _top_fields(buf, _MODEL_FIELDS):
+            if tag == 0x0A:
+                name = _text(buf, start, stop)
             else:
-                tag, pos = _long_tag(buf, pos)
-            if tag == 0x0A or tag == 0x12:  # model_name (1), model_version (2)
-                start, stop = _length(buf, pos, end)
-                if tag == 0x0A:
-                    name = _text(buf, start, stop)
-                else:
-                    version = _text(buf, start, stop)
-                pos = stop
-            else:
-                pos = _skip(buf, pos, tag, end)
+                version = _text(buf, start, stop)
     except (IndexError, DecodeError, UnicodeDecodeError):
         return None
     return name, version

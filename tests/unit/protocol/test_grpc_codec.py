@@ -516,3 +516,21 @@ def test_the_input_check_runs_before_any_data_is_read():
         with pytest.raises(TritonError) as e:
             decode_model_infer_request(bad.SerializeToString(), check=check)
         assert not seen and not e.value.message.startswith("refused")
+
+
+def test_is_heavy_weighs_typed_contents_and_bytes_not_raw_tensors():
+    from trident.protocol.grpc_codec import is_heavy
+
+    raw = pb.ModelInferRequest(model_name="m")
+    raw.inputs.add(name="X", datatype="FP32", shape=[1 << 18])
+    raw.raw_input_contents.append(b"\x00" * (1 << 20))
+    assert not is_heavy(raw.SerializeToString(), 1 << 20)  # a view over the message: cheap
+    strings = pb.ModelInferRequest(model_name="m")
+    strings.inputs.add(name="X", datatype="BYTES", shape=[1 << 18])
+    strings.raw_input_contents.append(b"\x00" * (1 << 20))
+    assert is_heavy(strings.SerializeToString(), 1 << 20)  # split element by element
+    typed = pb.ModelInferRequest(model_name="m")
+    typed.inputs.add(name="X", datatype="FP32", shape=[1 << 18]).contents.fp32_contents.extend([0.5] * (1 << 18))
+    assert is_heavy(typed.SerializeToString(), 1 << 20)
+    assert not is_heavy(typed.SerializeToString(), 1 << 22)
+    assert is_heavy(b"\x3a\xff\xff\xff\x0f" + b"\x00" * (1 << 20), 1 << 20)  # malformed: the decode raises
