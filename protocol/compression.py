@@ -52,8 +52,9 @@ class BoundedInflater:
     :meth:`joined` a piece at a time into one buffer (:func:`~trident.protocol.buffers.join_pieces`):
     a growing ``bytearray`` is moved whole by ``realloc`` each time it outgrows its place in the
     heap (glibc serves blocks up to the server's 32 MiB mmap threshold from it), tens of
-    milliseconds of copying with the GIL held for a 60 MiB body. (The gRPC message decoder
-    wants a ``bytearray``, which cannot be made without one long copy or zero-fill.)
+    milliseconds of copying with the GIL held for a 60 MiB body. :meth:`take_pieces` hands the
+    pieces themselves to a caller that joins them its own way (the gRPC message decoder wants
+    a ``bytearray``: joined from ``bytes`` pieces, CPython copies them without the GIL).
     """
 
     __slots__ = ("output", "size", "_pieces", "_max_size", "_d", "_tail", "_strict")
@@ -92,6 +93,12 @@ class BoundedInflater:
         if d.eof and self._strict and d.unused_data:
             raise zlib.error("trailing data after the end of the stream")
         return d.eof
+
+    def take_pieces(self) -> list[bytes]:
+        """With ``pieces``: the pieces inflated so far, in order (this inflater lets go of them)."""
+        assert self._pieces is not None, "take_pieces needs pieces=True"
+        pieces, self._pieces = self._pieces, []
+        return pieces
 
     def joined(self) -> bytearray | memoryview:
         """With ``pieces``: what was inflated, as one buffer (the pieces are let go as they are

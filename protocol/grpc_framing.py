@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 
 from trident.errors import GRPC_INTERNAL, GRPC_RESOURCE_EXHAUSTED, GRPC_UNIMPLEMENTED
+from trident.protocol.buffers import join_pieces
 from trident.protocol.compression import BoundedInflater, OutputTooLarge
 
 Buffer = bytes | bytearray | memoryview
@@ -56,6 +57,9 @@ def frame(parts: Sequence[Buffer], size: int, compressed: bool = False) -> bytes
     return b"".join([PREFIX.pack(1 if compressed else 0, size), *parts])
 
 
+JOIN_WHOLE = 4 << 20  # payload bytes a MessageDecoder joins itself; larger ones come as Pieces
+
+
 def check_size(size: int, limit: int, what: str = "received") -> None:
     """Raises FramingError(RESOURCE_EXHAUSTED) when a message of ``size`` bytes exceeds ``limit``."""
     if size > limit:
@@ -78,13 +82,16 @@ class MessageDecoder:
     (views, no copy) when they are immutable (``bytes``, or views of one ``bytes`` object: a
     read) and cover at least half of that object, else as one copy: the memory a decoder holds
     (:attr:`held`) is at most twice :attr:`buffered`, and a payload read in large pieces is
-    copied once, not twice.
+    copied once, not twice. A payload of more than ``join_whole`` bytes spread over several
+    calls is not joined here: it comes as :class:`Pieces`, which its receiver joins off its
+    event loop.
     """
 
-    __slots__ = ("max_message_size", "_prefix", "_chunks", "_filled", "_length", "_compressed")
+    __slots__ = ("max_message_size", "join_whole", "_prefix", "_chunks", "_filled", "_length", "_compressed")
 
-    def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+    def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE, join_whole: int = JOIN_WHOLE) -> None:
         self.max_message_size = max_message_size
+        self.join_whole = join_whole
         self._prefix = bytearray()
         self._chunks: list[Buffer] = []  # earlier calls' parts of the payload in progress (copies or views)
         self._filled = 0  # payload bytes received of the message in progress
@@ -121,10 +128,10 @@ class MessageDecoder:
         self._filled = 0
         self._length = -1
 
-    def feed(self, data: Buffer | list[Buffer]) -> list[tuple[bool, bytearray]]:
+    def feed(self, data: Buffer | list[Buffer]) -> list[tuple[bool, bytearray | Pieces]]:
         """Consume one chunk (or a list of chunks, in order); returns the messages it completed.
         Raises FramingError (the decoder is then to be discarded)."""
-        out: list[tuple[bool, bytearray]] = []
+        out: list[tuple[bool, bytearray | Pieces]] = []
         pending: list[Buffer] = []  # this call's parts of the payload in progress
         length = self._length
         filled = self._filled
@@ -165,7 +172,7 @@ class MessageDecoder:
                 filled += take
                 pos += take
                 if filled == length:
-                    out.append((self._compressed, self._join(pending)))
+                    out.append((self._compressed, self._join(pending, length)))
                     pending = []
                     length = -1
                     filled = 0
@@ -184,12 +191,15 @@ class MessageDecoder:
         check_size(length, self.max_message_size)
         self._compressed = flag == 1
 
-    def _join(self, pending: list[Buffer]) -> bytearray:
-        """The completed payload: the earlier calls' copies and this call's parts, copied once."""
+    def _join(self, pending: list[Buffer], length: int) -> bytearray | Pieces:
+        """The completed payload: the earlier calls' copies and this call's parts, copied once
+        (here, or by :meth:`Pieces.join` past ``join_whole`` bytes)."""
         chunks = self._chunks
-        if not chunks:
-            return bytearray().join(pending)
         self._chunks = []
+        if length > self.join_whole:
+            if not _holdable(pending):  # views of a buffer its reader may reuse: copied now
+                pending = [b"".join(pending)]
+            return Pieces(chunks + pending, length)
         chunks += pending
         return bytearray().join(chunks)
 
@@ -201,6 +211,31 @@ class MessageDecoder:
             else:
                 got, want = self._filled, self._length
             raise FramingError(GRPC_INTERNAL, f"incomplete gRPC message: stream ended after {got} of {want} bytes")
+
+
+class Pieces:
+    """A message payload of ``size`` bytes in the pieces it arrived in, not joined yet.
+
+    :meth:`join` copies them into one ``bytearray`` a piece at a time (~50 ms for 60 MiB, the
+    GIL free between two pieces), so a receiver joins a large payload in a worker thread and its
+    event loop serves others meanwhile (joined on the loop in one call, it stalled every other
+    client as long).
+    """
+
+    __slots__ = ("_parts", "size")
+
+    def __init__(self, parts: list[Buffer], size: int) -> None:
+        self._parts = parts
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def join(self) -> bytearray:
+        """The payload, once (the pieces are let go as they are copied:
+        :func:`~trident.protocol.buffers.join_pieces`)."""
+        parts, self._parts = self._parts, []
+        return join_pieces(parts, self.size)
 
 
 def _holdable(parts: list[Buffer]) -> bool:
@@ -347,25 +382,40 @@ class GzipInflater:
     step inline and the rest in a worker thread, checking for cancellation in between.
 
     The output never exceeds ``max_size`` (checked while inflating, so a small bomb never grows
-    large). :meth:`step` raises FramingError: RESOURCE_EXHAUSTED when the output would exceed
-    ``max_size``, INTERNAL when the data is not valid gzip.
+    large). It is inflated ``STEP`` bytes per zlib call (zlib releases the GIL while it inflates,
+    but copies each call's output into one object holding it) and kept in those pieces; the
+    step that ends the message joins them into ``output``, a ``bytearray``, a piece at a time
+    (:func:`~trident.protocol.buffers.join_pieces`; a growing ``bytearray`` would be moved
+    whole, with the GIL held, each time it outgrew its place). :meth:`step` raises FramingError: RESOURCE_EXHAUSTED when the output
+    would exceed ``max_size``, INTERNAL when the data is not valid gzip.
     """
 
-    __slots__ = ("max_size", "encoding", "_inflater")
+    __slots__ = ("max_size", "encoding", "output", "_inflater")
+
+    STEP = 1 << 20  # output bytes per zlib call
 
     def __init__(self, data: Buffer, max_size: int, encoding: str = "gzip") -> None:
         self.max_size = max_size
         self.encoding = encoding
-        self._inflater = BoundedInflater(data, _WBITS[encoding], max_size, strict=True)
+        self.output = bytearray()  # the message, once step() has returned True
+        self._inflater = BoundedInflater(data, _WBITS[encoding], max_size, strict=True, pieces=True)
 
     @property
-    def output(self) -> bytearray:
-        return self._inflater.output
+    def inflated(self) -> int:
+        """Bytes inflated so far."""
+        return self._inflater.size
 
     def step(self, max_output: int) -> bool:
         """Inflate up to ``max_output`` (> 0) more bytes; True once the message is whole."""
+        inflater = self._inflater
+        goal = inflater.size + max_output
         try:
-            return self._inflater.step(max_output)
+            while True:
+                if inflater.step(min(self.STEP, goal - inflater.size)):
+                    self.output = join_pieces(inflater.take_pieces(), inflater.size)
+                    return True
+                if inflater.size >= goal:
+                    return False
         except OutputTooLarge:
             check_size(self.max_size + 1, self.max_size, "decompressed")
             raise

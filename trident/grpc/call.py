@@ -137,7 +137,7 @@ class Call:
         #: how responses a handler marks compressible are compressed (the client's
         #: grpc-accept-encoding: gzip, else deflate), or None
         self.response_encoding = response_encoding
-        self._queue: deque[tuple[bool, bytearray]] = deque()
+        self._queue: deque[tuple[bool, bytearray | framing.Pieces]] = deque()
 
     @property
     def may_answer_later(self) -> bool:
@@ -276,16 +276,19 @@ class Call:
                 return None
             self._wakeup = event = trio.Event()
             await event.wait()
-        compressed, message, acked = self._take()
+        compressed, payload, acked = self._take()
         if acked:
             await self.conn.out.flush()
+        # a large payload that came in pieces is joined in a worker thread (see framing.Pieces)
+        message = payload if type(payload) is bytearray else await self.run_sync(payload.join)
+        del payload
         if compressed:
             if self.encoding in (None, "identity"):
                 raise FramingError(GRPC_INTERNAL, "compressed message received without a grpc-encoding")
             return await self._inflate(message)
         return message
 
-    def _take(self) -> tuple[bool, bytearray, bool]:
+    def _take(self) -> tuple[bool, bytearray | framing.Pieces, bool]:
         """The next queued message ``(compressed, message, window returned)``: it no longer
         counts against the budgets, and the window held back for the queue returns with the
         last one (the caller flushes)."""

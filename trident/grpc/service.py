@@ -95,6 +95,15 @@ def _restricted(handler: Callable[..., Awaitable[Any]], restriction: Restriction
     return guarded
 
 
+
+def _decode_request(data: bytearray, shm: grpc_codec.ShmLookup | None,
+                    check: grpc_codec.InputCheck | None = None) -> InferenceRequest:
+    """grpc_codec.decode_model_infer_request, a malformed message raised as TritonError(INVALID_ARG)."""
+    try:
+        return grpc_codec.decode_model_infer_request(data, shm, check)
+    except grpc_codec.DecodeError as e:
+        raise invalid_arg(f"failed to parse ModelInferRequest: {e}") from None
+
 class InferenceService:
     """The RPC handlers; :meth:`methods` is the table the transport serves."""
 
@@ -291,16 +300,14 @@ class InferenceService:
         then in a worker thread (the call's task waits for it). Raises TritonError(INVALID_ARG) for
         a bad message."""
         shm = self.server.shared_memory.input_view
-        try:
-            if not grpc_codec.is_heavy(data, call.conn.config.offload_size):
-                request = grpc_codec.decode_model_infer_request(data, shm)
-            else:
-                # an input the model refuses is refused before its data is decoded
-                named = grpc_codec.model_of(data)
-                check = self.server.input_check(*named) if named is not None else None
-                request = await call.run_sync(grpc_codec.decode_model_infer_request, data, shm, check)
-        except grpc_codec.DecodeError as e:
-            raise invalid_arg(f"failed to parse ModelInferRequest: {e}") from None
+        if not grpc_codec.is_heavy(data, call.conn.config.offload_size):
+            request = _decode_request(data, shm)
+        else:
+            # an input the model refuses is refused before its data is decoded; a refusal in the
+            # thread comes back as a TritonError, without the frames that hold the message
+            named = grpc_codec.model_of(data)
+            check = self.server.input_check(*named) if named is not None else None
+            request = await call.run_sync(_decode_request, data, shm, check)
         if self.forward is not None:
             for key, value in call.metadata:
                 if isinstance(value, str) and self.forward.fullmatch(key):
@@ -333,10 +340,7 @@ class InferenceService:
         if self.forward is not None or grpc_codec.is_heavy(data, call.conn.config.offload_size):
             call.run(self.model_infer(call, data))
             return
-        try:
-            request = grpc_codec.decode_model_infer_request(data, self.server.shared_memory.input_view)
-        except grpc_codec.DecodeError as e:
-            raise invalid_arg(f"failed to parse ModelInferRequest: {e}") from None
+        request = _decode_request(data, self.server.shared_memory.input_view)
         context = self._trace_context(call)
         if context is not None:
             request.trace = context

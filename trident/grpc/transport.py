@@ -436,7 +436,8 @@ class Connection:
 
         Once its one message is in and the client has half-closed, it runs here and now
         (:meth:`_run_now`). Anything else (a reset, an error, a compressed or second message,
-        an expired deadline) starts the call's task, which finishes it the usual way.
+        a large one still in pieces, an expired deadline) starts the call's task, which
+        finishes it the usual way.
         """
         if not (call._ended or call.reset or call._error is not None or len(call._queue) > 1):
             return  # END_STREAM is still to come
@@ -444,10 +445,12 @@ class Connection:
         assert method is not None and method.now is not None and self._nursery is not None
         call.deferred = None
         if (call.reset or call._error is not None or len(call._queue) != 1 or call._queue[0][0]
+                or type(call._queue[0][1]) is not bytearray  # framing.Pieces: joined in the task
                 or (call.deadline != math.inf and trio.current_time() >= call.deadline)):
             self._nursery.start_soon(self._run_call, call, method)
             return
         _, message, _ = call._take()
+        assert type(message) is bytearray
         self._run_now(call, method, message)
 
     def _run_now(self, call: Call, method: Method, message: bytearray) -> None:
