@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
+
 Buffer = bytes | bytearray | memoryview
 
 JOIN_WHOLE = 1 << 20  # pieces up to this size in all are joined in one call
@@ -21,13 +23,15 @@ def join_pieces(pieces: list[Buffer], size: int) -> bytearray:
     copied, so each piece is freed once copied (the memory held peaks at ``size`` plus a piece,
     not twice ``size``). Up to ``JOIN_WHOLE`` bytes, joined in one call; above, a fresh
     ``bytearray`` that is not zero-filled (:func:`fresh_bytearray`: its pages are touched as
-    they are written) filled a piece at a time, the GIL free between two pieces. Raises
-    ValueError when the pieces do not hold ``size`` bytes."""
+    they are written) filled a piece at a time by numpy, which copies (and takes the page
+    faults, huge-page compaction included) without the GIL. Raises ValueError when the pieces
+    do not hold ``size`` bytes."""
     if size <= JOIN_WHOLE:
         out = bytearray().join(pieces)
         pieces.clear()
     else:
         out = fresh_bytearray(size)
+        target = np.frombuffer(out, dtype=np.uint8)  # numpy copies large slices without the GIL
         pos = 0
         pieces.reverse()
         while pieces:
@@ -36,8 +40,9 @@ def join_pieces(pieces: list[Buffer], size: int) -> bytearray:
             if end > size:
                 pieces.clear()
                 raise ValueError(f"pieces of more than {size} bytes")
-            out[pos:end] = piece
+            target[pos:end] = np.frombuffer(piece, dtype=np.uint8)
             pos = end
+        del target
         if pos != size:
             raise ValueError(f"pieces of {pos} bytes, {size} expected")
     if len(out) != size:
