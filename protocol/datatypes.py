@@ -203,7 +203,7 @@ def _fixed_width(view: memoryview, count: int, width: int) -> np.ndarray:
                         count)
 
 
-def object_array(chunks: Iterable[Sequence[object]], count: int) -> np.ndarray:
+def object_array(chunks: Iterable[Sequence[object] | np.ndarray], count: int) -> np.ndarray:
     """A 1-D object array of the ``count`` elements ``chunks`` yield (sequences of at most
     ``FILL_SLICE`` elements; a generator, so that making each is Python code).
 
