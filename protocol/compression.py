@@ -15,7 +15,7 @@ import binascii
 import zlib
 
 from trident.errors import invalid_arg, unsupported
-from trident.protocol.buffers import join_pieces
+from trident.protocol.buffers import Buffer, join_pieces
 
 __all__ = ["BoundedInflater", "Inflater", "OutputTooLarge", "choose_encoding", "compress", "decode_base64", "decompress"]
 
@@ -63,7 +63,7 @@ class BoundedInflater:
                  strict: bool = False, pieces: bool = False) -> None:
         self.output = bytearray()
         self.size = 0
-        self._pieces: list[bytes] | None = [] if pieces else None
+        self._pieces: list[Buffer] | None = [] if pieces else None
         self._max_size = max_size
         self._d = zlib.decompressobj(wbits)
         self._tail: bytes | bytearray | memoryview = data
@@ -94,7 +94,7 @@ class BoundedInflater:
             raise zlib.error("trailing data after the end of the stream")
         return d.eof
 
-    def take_pieces(self) -> list[bytes]:
+    def take_pieces(self) -> list[Buffer]:
         """With ``pieces``: the pieces inflated so far, in order (this inflater lets go of them)."""
         assert self._pieces is not None, "take_pieces needs pieces=True"
         pieces, self._pieces = self._pieces, []
