@@ -95,7 +95,6 @@ def _restricted(handler: Callable[..., Awaitable[Any]], restriction: Restriction
     return guarded
 
 
-
 def _decode_request(data: bytearray, shm: grpc_codec.ShmLookup | None,
                     check: grpc_codec.InputCheck | None = None) -> InferenceRequest:
     """grpc_codec.decode_model_infer_request, a malformed message raised as TritonError(INVALID_ARG)."""
@@ -103,6 +102,7 @@ def _decode_request(data: bytearray, shm: grpc_codec.ShmLookup | None,
         return grpc_codec.decode_model_infer_request(data, shm, check)
     except grpc_codec.DecodeError as e:
         raise invalid_arg(f"failed to parse ModelInferRequest: {e}") from None
+
 
 class InferenceService:
     """The RPC handlers; :meth:`methods` is the table the transport serves."""
