@@ -14,7 +14,8 @@ medians to each other's with the range of the paired (same-round) ratios::
 
 Cases: ``hs``/``gs`` identity FP32[16] over HTTP (wrk) / gRPC (h2load); ``ha``/``ga`` add_sub;
 ``hb``/``hj``/``gb`` 1 MiB FP32 as HTTP binary, HTTP JSON and gRPC; ``ph``/``pg`` identity
-FP32[16] through tritonclient aio over HTTP / gRPC (run by the client venv's python, ``--client-python``).
+FP32[16] through tritonclient aio over HTTP / gRPC (run by the client venv's python, ``--client-python``);
+``qh``/``qg`` 1 MiB FP32 through tritonclient aio over HTTP (binary tensors) / gRPC.
 """
 
 from __future__ import annotations
@@ -163,10 +164,12 @@ class Runner:
             rps, p50, p99 = n / seconds, _pct(lat, 50), _pct(lat, 99)
             errors = int(m.group(2)) + int(m.group(3)) + int(m.group(4))
         else:
-            proto, port = ("http", server.http) if case == "ph" else ("grpc", server.grpc)
+            proto, port = ("http", server.http) if case in ("ph", "qh") else ("grpc", server.grpc)
             cmd = self._pin() + [self.args.client_python, os.path.join(BENCH, "v2bench.py"), "pyload",
                                  "--proto", proto, "--url", f"127.0.0.1:{port}", "--conc", str(conc),
                                  "--duration", str(seconds)]
+            if case in ("qh", "qg"):
+                cmd += ["--n", str(self.vb.LARGE_N)] + (["--binary"] if case == "qh" else [])
             c0 = _tree_cpu(server.pid)
             out = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
             c1 = _tree_cpu(server.pid)

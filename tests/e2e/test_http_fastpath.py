@@ -141,6 +141,9 @@ CASES = [
     ("deflate in and out", "/v2/models/add_sub/infer", {"Content-Encoding": "deflate", "Accept-Encoding": "deflate"},
      zlib.compress(BODY)),
     ("unknown coding", "/v2/models/add_sub/infer", {"Content-Encoding": "br"}, BODY),
+    ("identity accepted", "/v2/models/add_sub/infer", {"Accept-Encoding": "identity"}, BODY),
+    ("gzip refused by q=0", "/v2/models/add_sub/infer", {"Accept-Encoding": "gzip;q=0, identity"}, BODY),
+    ("only unknown codings accepted", "/v2/models/add_sub/infer", {"Accept-Encoding": "br, zstd"}, BODY),
     ("corrupt gzip", "/v2/models/add_sub/infer", {"Content-Encoding": "gzip"}, b"\x1f\x8bnot gzip"),
     ("gzip over the limit", "/v2/models/add_sub/infer", {"Content-Encoding": "gzip"},
      gzip.compress(b" " * (LIMIT * 4), mtime=0)),
@@ -175,6 +178,21 @@ def test_the_fast_path_answers_as_the_asgi_app(fast, asgi, name, path, headers, 
     expected = answer(asgi, "POST", path, {**AUTH, **headers}, body)
     assert got == expected
     assert b"internal server error" not in got[2], got  # no unexpected exception on either path
+
+
+def test_a_binary_answer_to_an_identity_only_client_is_plain(fast, asgi):
+    """aiohttp (tritonclient.http.aio) clients often send ``Accept-Encoding: identity``: a binary
+    answer is sent as it is (no Content-Encoding), the same on both layers."""
+    data = np.arange(LIMIT // 8, dtype=np.float32)
+    header = json.dumps({"inputs": [{"name": "INPUT0", "shape": [data.size], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": data.nbytes}}],
+                         "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+    headers = {**AUTH, "Inference-Header-Content-Length": str(len(header)), "Accept-Encoding": "identity"}
+    for server in (fast, asgi):
+        status, got, body = answer(server, "POST", "/v2/models/identity_fp32/infer", headers, header + data.tobytes())
+        assert status == 200 and got["content-encoding"] is None
+        json_length = int(got["inference-header-content-length"])
+        assert np.array_equal(np.frombuffer(body[json_length:], dtype=np.float32), data)
 
 
 def test_restricted_and_method_errors_match(fast, asgi):

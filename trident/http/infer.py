@@ -41,7 +41,7 @@ Body = bytes | bytearray | memoryview
 Reply = tuple[int, list[tuple[bytes, bytes]], Parts]
 
 #: what a request's headers ask for: Inference-Header-Content-Length, Content-Encoding,
-#: Accept-Encoding, and the client's W3C trace context (traceparent, tracestate)
+#: the response coding chosen from Accept-Encoding (None: identity), and the client's W3C trace context (traceparent, tracestate)
 HeaderInfo = tuple[int | None, str | None, str | None, TraceParent | None]
 
 JSON = (b"content-type", b"application/json")
@@ -155,7 +155,9 @@ class InferEndpoint:
             elif key == b"content-encoding":
                 content_encoding = value.decode("latin-1")
             elif key == b"accept-encoding":
-                accept_encoding = value.decode("latin-1")
+                # the coding chosen now: "identity" (or none acceptable) is None, so a client that
+                # only says identity gets the plain path (no join of the body, no thread hop)
+                accept_encoding = kserve.choose_encoding(value.decode("latin-1"))
             elif key == b"traceparent":
                 traceparent = [*(traceparent or ()), value]
             elif key == b"tracestate":
@@ -190,7 +192,7 @@ class InferExchange:
         self.name = self.version = ""
         self.requested: list[Any] = []
         self.binary = False  # outputs as binary unless asked otherwise (binary_data_output, raw requests)
-        self.accept: str | None = None  # Accept-Encoding
+        self.accept: str | None = None  # the response's coding chosen from Accept-Encoding (None: identity)
         self.shm: kserve.ShmOutputLookup | None = None  # writes the outputs asked for in shared memory
         #: a request decoded off the loop (held here until :meth:`free` drops it off the loop too)
         self.heavy: InferenceRequest | None = None
