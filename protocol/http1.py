@@ -255,6 +255,26 @@ class RequestParser:
             return 0
         return None
 
+    @property
+    def body_room(self) -> int:
+        """Bytes of a Content-Length body that may be read straight into the caller's buffer
+        (see :meth:`body_received`): the body still to come when nothing is buffered, else 0
+        (the buffered bytes come first, through :meth:`next_body`)."""
+        if self._state == _LENGTH and not self._buf:
+            return self._remaining
+        return 0
+
+    def body_received(self, n: int) -> bool:
+        """Count ``n`` body bytes the caller read straight into its own buffer (at most
+        :attr:`body_room`); True once the body is whole. Raises ValueError past the room."""
+        if not 0 < n <= self.body_room:
+            raise ValueError(f"{n} body bytes received outside the room of {self.body_room}")
+        self._remaining -= n
+        if self._remaining == 0:
+            self._state = _DONE
+            return True
+        return False
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes."""
         self._buf += data

@@ -163,6 +163,36 @@ class SocketIO:
                 await trio.lowlevel.checkpoint()
             return data
 
+    async def receive_into(self, view: memoryview) -> int:
+        """Receive up to ``len(view)`` bytes straight into ``view`` (a writable byte view): the
+        count, 0 at EOF; raises trio.BrokenResourceError. Checkpoints as :meth:`receive`; over a
+        stream without a file descriptor (TLS) the bytes are received then copied in."""
+        if self.fd < 0:
+            data = await self.receive(len(view))
+            view[: len(data)] = data
+            return len(data)
+        if self.drained:
+            self.yielded = True
+            self.moved = 0
+            await trio.lowlevel.wait_readable(self.fd)
+        while True:
+            try:
+                n = os.readv(self.fd, (view,))
+            except BlockingIOError:
+                self.yielded = True
+                self.moved = 0
+                await trio.lowlevel.wait_readable(self.fd)
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(exc) from exc
+            self.drained = n < len(view)
+            self.moved += n
+            if self.moved >= self.yield_bytes:
+                self.moved = 0
+                self.yielded = True
+                await trio.lowlevel.checkpoint()
+            return n
+
     async def wait_readable(self) -> None:
         """Wait until bytes (or EOF) can be read (cancelling the wait loses nothing)."""
         if self.fd < 0:

@@ -269,6 +269,39 @@ def test_body_from_keeps_pipelined_bytes():
     assert head is not None and head.method == "GET"
 
 
+def test_rfc9112_6_2_a_content_length_body_read_into_the_callers_buffer():
+    """§6.2: the body is exactly Content-Length octets. What is buffered comes through
+    next_body first; then the rest may go straight into the caller's buffer, counted with
+    body_received, never past the announced length; the next request's bytes stay the parser's."""
+    parser = RequestParser()
+    parser.feed(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nab")
+    assert parser.next_head() is not None
+    assert parser.body_room == 0  # "ab" is buffered: it comes first
+    assert parser.next_body() == (b"ab", False)
+    assert parser.body_room == 8
+    assert parser.body_received(5) is False
+    assert parser.body_room == 3 and parser.body_remaining == 3
+    with pytest.raises(ValueError):
+        parser.body_received(4)  # past the body
+    with pytest.raises(ValueError):
+        parser.body_received(0)
+    assert parser.body_received(3) is True
+    assert parser.body_done and parser.body_room == 0
+    parser.start_next()
+    parser.feed(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+    head = parser.next_head()
+    assert head is not None and head.method == "GET" and parser.body_room == 0
+
+
+def test_rfc9112_7_1_a_chunked_body_has_no_room_to_read_into():
+    parser = RequestParser()
+    parser.feed(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n")
+    assert parser.next_head() is not None
+    assert parser.body_room == 0
+    with pytest.raises(ValueError):
+        parser.body_received(1)
+
+
 # ---- responses ----------------------------------------------------------------------------------
 
 

@@ -61,6 +61,37 @@ async def test_receive_reads_what_waits_and_notes_a_wait():
         assert await io.receive(100) == b""  # EOF
 
 
+async def test_receive_into_fills_the_callers_buffer():
+    io, peer = pair()
+    store = bytearray(8)
+    with peer:
+        peer.send(b"hello")
+        assert await io.receive_into(memoryview(store)[2:]) == 5
+        assert store == b"\0\0hello\0" and not io.yielded and io.drained
+
+        async def later() -> None:
+            await trio.sleep(0.01)
+            peer.send(b"abcdef")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(later)
+            assert await io.receive_into(memoryview(store)[:3]) == 3  # no more than the view
+        assert store == b"abcello\0" and io.yielded and not io.drained
+        assert await io.receive_into(memoryview(store)[5:]) == 3
+        assert store == b"abceldef"
+        peer.shutdown(socket.SHUT_WR)
+        assert await io.receive_into(memoryview(store)) == 0  # EOF
+
+
+async def test_receive_into_over_a_stream_without_a_socket():
+    left, right = trio.testing.memory_stream_pair()
+    io = SocketIO(left)
+    store = bytearray(6)
+    await right.send_all(b"abc")
+    assert await io.receive_into(memoryview(store)[1:]) == 3
+    assert store == b"\0abc\0\0"
+
+
 async def test_parts_go_out_in_one_write_in_order():
     io, peer = pair()
     with peer:
