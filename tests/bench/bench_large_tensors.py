@@ -214,7 +214,9 @@ class Sampler:
 
     def __init__(self, root: int, interval: float) -> None:
         self.root, self.interval = root, interval
-        self.samples: list[tuple[float, int, int, int]] = []  # (monotonic, VmRSS, RssShmem, VmHWM), tree sums
+        # (monotonic, VmRSS, RssShmem, VmHWM, VmRSS with shared memory counted once): tree sums; Triton's
+        # python backend shares its tensors' shm region between the server and the stub, VmRSS counts it twice
+        self.samples: list[tuple[float, int, int, int, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -232,16 +234,17 @@ class Sampler:
             now = time.monotonic()
             if now - refreshed > 0.5:
                 pids, refreshed = tree_pids(self.root), now
-            rss = shm = hwm = 0
+            rss = shm = hwm = top_shm = 0
             for pid in pids:
                 m = memory_kib(pid)
                 rss += m.get("VmRSS", 0)
                 shm += m.get("RssShmem", 0)
                 hwm += m.get("VmHWM", 0)
-            self.samples.append((now, rss, shm, hwm))
+                top_shm = max(top_shm, m.get("RssShmem", 0))
+            self.samples.append((now, rss, shm, hwm, rss - shm + top_shm))
             self._stop.wait(self.interval)
 
-    def between(self, t0: float, t1: float) -> list[tuple[float, int, int, int]]:
+    def between(self, t0: float, t1: float) -> list[tuple[float, int, int, int, int]]:
         return [s for s in self.samples if t0 <= s[0] <= t1]
 
 
@@ -276,7 +279,7 @@ def one_run(args: argparse.Namespace, server: Server, proto: str, size: int, k: 
     senders: list[subprocess.Popen] = []
     try:
         with Sampler(server.pid, args.sample_ms / 1000) as sampler:
-            time.sleep(0.3)
+            trio.run(_victims, args, server, time.monotonic() + 0.3)  # warm-up (first requests), not counted
             b0 = time.monotonic()
             baseline = trio.run(_victims, args, server, b0 + args.baseline)
             b1 = time.monotonic()
@@ -323,6 +326,8 @@ def one_run(args: argparse.Namespace, server: Server, proto: str, size: int, k: 
     peak = max(s[1] for s in load)
     peak_shm = max(s[2] for s in load)
     hwm = max(s[3] for s in load)  # each process's own high-water mark: no peak between samples is missed
+    idle_once = statistics.median(s[4] for s in sampler.between(b0, b1))
+    peak_once = max(s[4] for s in load)
     spans = [tuple(s) for r in results for s in r["spans"]]
     lat = sorted((b - a) * 1000 for a, b in spans)
     errors = [e for r in results for e in r["errors"]]
@@ -333,7 +338,7 @@ def one_run(args: argparse.Namespace, server: Server, proto: str, size: int, k: 
         "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan"),
         "rss_idle_mib": idle / 1024, "rss_peak_mib": peak / 1024, "shm_peak_mib": peak_shm / 1024,
         "rss_per_req_mib": (peak - idle) / 1024 / k, "rss_after_mib": after / 1024,
-        "hwm_per_req_mib": (hwm - idle) / 1024 / k,
+        "hwm_per_req_mib": (hwm - idle) / 1024 / k, "shm_once_per_req_mib": (peak_once - idle_once) / 1024 / k,
         "server_cpu_pct": 100 * (c1 - c0) / max(c1_at - t0, 1e-9),
         "server_ms_per_mib": 1000 * (c1 - c0) / max(_throughput(spans, size, t0, c1_at) * (c1_at - t0), 1e-9),
         "client_cpu_pct": 100 * sum(r["cpu"] for r in results) / (t2 - t0),
@@ -351,14 +356,17 @@ def one_run(args: argparse.Namespace, server: Server, proto: str, size: int, k: 
 
 def _victim(rows: list[dict[str, Any]], proto: str) -> str:
     def med(phase: str, key: str) -> float:
+        """The median over the rounds (p99), the largest (max)."""
         vals = [r[f"victim_{proto}_{phase}"][key] for r in rows if r[f"victim_{proto}_{phase}"][key] is not None]
-        return statistics.median(vals) if vals else float("nan")
+        if not vals:
+            return float("nan")
+        return max(vals) if key == "max_ms" else statistics.median(vals)
 
     return f"{med('load', 'p99_ms'):.1f} / {med('load', 'max_ms'):.0f} ({med('idle', 'p99_ms'):.1f} / {med('idle', 'max_ms'):.0f})"
 
 
 def table(all_rows: list[dict[str, Any]]) -> str:
-    lines = ["| server | proto | size | k | MiB/s (with victims) | p50 / p99 ms | RSS per in-flight req MiB (x size) [by VmHWM] | RSS idle -> peak -> after MiB "
+    lines = ["| server | proto | size | k | MiB/s (with victims) | p50 / p99 ms | RSS per in-flight req MiB (x size) [shm once] | RSS idle -> peak -> after MiB "
              "| server / client CPU % [server ms/MiB] | victim HTTP p99 / max ms (idle) | victim gRPC p99 / max ms (idle) | requests | errors |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     keys: list[tuple[str, str, int, int]] = []
@@ -376,10 +384,22 @@ def table(all_rows: list[dict[str, Any]]) -> str:
         per = med("rss_per_req_mib")
         lines.append(
             f"| {key[0]} | {key[1]} | {key[2]} MiB | {key[3]} | {med('mib_s'):.0f} ({med('mib_s_victims'):.0f}) | {med('p50_ms'):.0f} / {med('p99_ms'):.0f} "
-            f"| {per:.0f} ({per / key[2]:.1f}x) [{med('hwm_per_req_mib'):.0f}] | {med('rss_idle_mib'):.0f} -> {med('rss_peak_mib'):.0f} -> "
+            f"| {per:.0f} ({per / key[2]:.1f}x) [{med('shm_once_per_req_mib'):.0f}] | {med('rss_idle_mib'):.0f} -> {med('rss_peak_mib'):.0f} -> "
             f"{med('rss_after_mib'):.0f} | {med('server_cpu_pct'):.0f} / {med('client_cpu_pct'):.0f} [{med('server_ms_per_mib'):.2f}] "
             f"| {_victim(rows, 'http')} | {_victim(rows, 'grpc')} | {sum(r['requests'] for r in rows)} "
             f"| {sum(r['errors'] for r in rows)} |")
+    names = list(dict.fromkeys(k[0] for k in keys))
+    if len(names) > 1:
+        lines.append("")
+        for proto, size, k in dict.fromkeys((x[1], x[2], x[3]) for x in keys):
+            meds = {n: {m: statistics.median(r[m] for r in all_rows if (r["server"], r["proto"], r["size_mib"], r["k"])
+                                           == (n, proto, size, k))
+                        for m in ("mib_s", "server_ms_per_mib", "rss_per_req_mib")} for n in names}
+            a = meds[names[0]]
+            lines.append(f"{proto} {size} MiB k={k}: " + "; ".join(
+                f"{names[0]}/{n} MiB/s {a['mib_s'] / meds[n]['mib_s']:.2f}x, server ms/MiB "
+                f"{a['server_ms_per_mib'] / meds[n]['server_ms_per_mib']:.2f}x, RSS per request "
+                f"{a['rss_per_req_mib'] / max(meds[n]['rss_per_req_mib'], 1e-9):.2f}x" for n in names[1:]))
     return "\n".join(lines)
 
 
