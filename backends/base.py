@@ -55,8 +55,37 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from trident.protocol.generated.inference import ModelConfig
     from trident.types import InferenceRequest, InferenceResponse
+
+
+class ModelHost(Protocol):
+    """What model code may ask of the server that loaded it (``LoadContext.server``; the
+    trident Server implements it): BLS requests, model control, readiness, configs and trace
+    settings. Every call runs on the server's trio loop (model code crosses into it from its
+    threads with ``trio.from_thread``) and raises TritonError as the server's API does."""
+
+    @property
+    def cluster(self) -> object | None:
+        """The link to the other workers under ``--workers`` (None: a server of one process)."""
+
+    def model_ready(self, name: str, version: str = "") -> bool: ...
+
+    def model_config(self, name: str, version: str = "") -> ModelConfig: ...
+
+    def trace_settings(self, model: str = "") -> dict[str, Any]: ...
+
+    async def load_model(self, name: str, config: str | None = None,
+                         files: dict[str, bytes] | None = None) -> None: ...
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None: ...
+
+    async def infer(self, request: InferenceRequest, *, endpoint: str = ...) -> InferenceResponse: ...
+
+    async def infer_stream(self, request: InferenceRequest,
+                           send: Callable[[InferenceResponse], Awaitable[None]]) -> None: ...
 
 
 class ResponseSender(Protocol):
@@ -136,7 +165,7 @@ class LoadContext:
     instance_kind: str = "KIND_CPU"  # KIND_CPU | KIND_GPU | KIND_MODEL
     device_id: int = 0
     backend_config: dict[str, str] = field(default_factory=dict)  # --backend-config=<backend>,k=v
-    server: Any = None  # the trident Server (for BLS and model management from model code)
+    server: ModelHost | None = None  # the trident Server (for BLS and model management from model code)
     threads: Threads = field(default_factory=PlainThreads)  # the owner of the backend's threads
 
     @property

@@ -213,7 +213,7 @@ _default = CustomMetrics()
 _lock = threading.Lock()
 
 
-def custom_metrics_for(server: Any) -> CustomMetrics:
+def custom_metrics_for(server: object | None) -> CustomMetrics:
     """The registry of ``server`` (created on first use); a process-wide one for ``None``."""
     if server is None:
         return _default

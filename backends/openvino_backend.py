@@ -45,7 +45,7 @@ from trident.backends._common import (
 )
 from trident.backends.base import Backend, LoadContext, ModelInstance
 from trident.errors import TritonError, internal, invalid_arg, unavailable, unsupported
-from trident.protocol.generated.inference import DataType, ModelConfig
+from trident.protocol.generated.inference import DataType, ModelConfig, ModelInput, ModelOutput
 from trident.types import InferenceRequest, InferenceResponse
 
 log = logging.getLogger("trident.backends.openvino")
@@ -182,7 +182,8 @@ class OpenVINOBackend(Backend):
         config = ctx.config
         if ctx.instance_kind == "KIND_GPU":
             raise unsupported(f"model '{config.name}': the openvino backend runs on CPU only; use KIND_CPU")
-        strings = [t.name for t in [*config.input, *config.output] if t.data_type == DataType.TYPE_STRING]
+        tensors: list[ModelInput | ModelOutput] = [*config.input, *config.output]
+        strings = [t.name for t in tensors if t.data_type == DataType.TYPE_STRING]
         if strings:
             raise unsupported(f"model '{config.name}': the openvino backend does not support BYTES tensors {strings}")
         ov = require("openvino", self.name, EXTRA)

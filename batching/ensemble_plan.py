@@ -164,7 +164,8 @@ def build_plan(config: ModelConfig, resolve: Callable[[str, int], Signature]) ->
                 f"from model {source}"
             )
 
-    for io in (*config.input, *config.output):
+    tensors: list[ModelInput | ModelOutput] = [*config.input, *config.output]
+    for io in tensors:
         agree(io.name, TensorType(cfg.api_datatype(io.data_type), _full(io.dims, batching), batching), name)
     models: list[Signature] = []
     missing: list[str] = []

@@ -319,7 +319,7 @@ class RequestParser:
             self._state = _LENGTH if self._remaining else _DONE
         return head
 
-    def next_body(self, max_size: int = 1 << 20) -> tuple[bytes, bool] | None:
+    def next_body(self, max_size: int = 1 << 20) -> tuple[bytes | bytearray, bool] | None:
         """The next piece of the body (at most ``max_size`` bytes) and whether the body ended.
 
         None means more bytes are needed. Returns ``(b"", True)`` for an empty body. Raises
@@ -348,7 +348,7 @@ class RequestParser:
             raise RuntimeError("next_body() called before a request head")
         return self._next_chunked(max_size)
 
-    def body_from(self, data: bytes) -> tuple[bytes, bool] | None:
+    def body_from(self, data: bytes | bytearray) -> tuple[bytes | bytearray, bool] | None:
         """:meth:`feed` then :meth:`next_body`, without copying ``data`` when it is all body."""
         if self._state == _LENGTH and not self._buf and 0 < len(data) <= self._remaining:
             self._remaining -= len(data)

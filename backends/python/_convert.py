@@ -81,8 +81,8 @@ def to_tensor(t: pb_utils.Tensor, keep_device: bool = False) -> Tensor:
 def to_pb_tensor(t: Tensor) -> pb_utils.Tensor:
     """A core tensor as the model sees it: a DeviceView becomes the DeviceTensor it stands for."""
     data = t.data
-    if type(data) is DeviceView:
-        return DeviceTensor._over(t.name, data.device_buffer, data)  # type: ignore[attr-defined]
+    if type(data) is DeviceView and data.device_buffer is not None:
+        return DeviceTensor._over(t.name, data.device_buffer, data)
     return pb_utils.Tensor._wrap(t.name, data, t.datatype)
 
 
@@ -94,8 +94,8 @@ def to_input_tensor(t: Tensor, device_inputs: bool) -> pb_utils.Tensor:
     is impossible."""
     data = t.data
     if type(data) is DeviceView:
-        if device_inputs:
-            return DeviceTensor._over(t.name, data.device_buffer, data)  # type: ignore[attr-defined]
+        if device_inputs and data.device_buffer is not None:
+            return DeviceTensor._over(t.name, data.device_buffer, data)
         return pb_utils.Tensor._wrap(t.name, host_copy(data, t.name), t.datatype)
     if device_inputs and t.datatype != "BYTES":
         source = device_source_of(data)

@@ -32,7 +32,7 @@ from typing import Any
 
 import trio
 
-from trident.backends.base import PlainThreads, Threads
+from trident.backends.base import ModelHost, PlainThreads, Threads
 from trident.backends.metrics import custom_metrics_for
 from trident.backends.python import _convert, pb_utils
 from trident.backends.python._dlpack import DeviceView
@@ -89,14 +89,14 @@ def current_token() -> trio.lowlevel.TrioToken | None:
         return None
 
 
-def device_refusal(server: Any, request: InferenceRequest, python_defaults: dict[str, str] | None) -> str | None:
+def device_refusal(server: ModelHost, request: InferenceRequest, python_defaults: dict[str, str] | None) -> str | None:
     """Why the callee of BLS ``request`` cannot take device tensors as they are, or None when it
     can: a Python model loaded in this process (thread mode) with FORCE_CPU_ONLY_INPUT_TENSORS
     "no", without a response cache or batch inputs (they read the values), not traced with
     TENSORS, in a server of one process. Anything unknown (a facade without these calls, an
     unknown model: its request fails on its own) is a refusal, so the tensors go to the host.
     Runs on the server's trio loop (reads its state)."""
-    if getattr(server, "cluster", None) is not None:
+    if getattr(server, "cluster", None) is not None:  # a facade without it: one process
         return "the server runs several workers"
     try:
         config = server.model_config(request.model_name, request.model_version)
@@ -141,7 +141,7 @@ class BlsCall:
     backend's ``--backend-config`` (the callee's execution mode).
     """
 
-    def __init__(self, server: Any, token: trio.lowlevel.TrioToken, request: InferenceRequest,
+    def __init__(self, server: ModelHost, token: trio.lowlevel.TrioToken, request: InferenceRequest,
                  decoupled: bool, parents: Sequence[Any],
                  convert: Callable[[InferenceResponse], Any] = _convert.to_pb_response,
                  threads: Threads | None = None, *, device: bool = False, device_outputs: bool = False,
@@ -287,7 +287,7 @@ class BlsCall:
 class InProcessRuntime(pb_utils._Runtime):
     """``pb_utils``' server side for models running in this process."""
 
-    def __init__(self, server: Any, token: trio.lowlevel.TrioToken, threads: Threads | None = None,
+    def __init__(self, server: ModelHost, token: trio.lowlevel.TrioToken, threads: Threads | None = None,
                  python_defaults: dict[str, str] | None = None) -> None:
         self.server = server
         self.token = token

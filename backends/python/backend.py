@@ -201,8 +201,8 @@ class PythonInstance(ModelInstance):
             if any(pb._sender is not None and pb._sender._sent for pb in pb_requests):
                 log.error("%s (after answering request(s) of the batch through the response sender)", failure)
             raise internal(failure) from e
-        for r in pb_requests:
-            if r._release_flags & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+        for pb_request in pb_requests:
+            if pb_request._release_flags & pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
                 raise unsupported(
                     f"model '{self.model_name}': request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) "
                     "is not supported by trident yet"
@@ -424,7 +424,8 @@ class PythonBackend(Backend):
         from trident.backends.python._runtime import InProcessRuntime, current_token
 
         token = current_token() if ctx.server is not None else None
-        runtime = InProcessRuntime(ctx.server, token, ctx.threads, ctx.backend_config) if token is not None else None
+        runtime = (InProcessRuntime(ctx.server, token, ctx.threads, ctx.backend_config)
+                   if ctx.server is not None and token is not None else None)
         return load_in_this_process(model_file, InstanceIdentity.of(ctx), self.initialize_args(ctx), runtime,
                                     ctx.threads, device_inputs=not options.force_cpu_only_inputs)
 

@@ -93,7 +93,7 @@ class FastInfer:
                 # the whole body came with the head (the usual case): taken in one piece, no wait
                 got = parser.next_body(length)
                 assert got is not None and got[1]  # a Content-Length body, all of it buffered
-                body = got[0]
+                body: bytes | bytearray | memoryview = got[0]
                 # nothing else waits in the parser: a queued request may be answered later
                 later_ok = head.keep_alive and not parser.buffered and not conn.state.shutting_down
             else:

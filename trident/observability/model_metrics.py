@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prometheus_client.utils import floatToGoString
+
+if TYPE_CHECKING:
+    from trident.options import ServerOptions
 
 DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
 DEFAULT_FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
@@ -166,9 +169,10 @@ def _le(bound: float) -> str:
     return floatToGoString(bound)
 
 
-def observer_for(server: Any, config: Any) -> LatencyObserver | None:
-    """The observer a new model version needs under the server's ``--metrics-config``, or None."""
-    entries = getattr(getattr(server, "options", None), "metrics_config", None)
+def observer_for(options: ServerOptions | None, config: Any) -> LatencyObserver | None:
+    """The observer a new model version needs under the server's ``--metrics-config``
+    (``options``; None: no server), or None."""
+    entries = options.metrics_config if options is not None else None
     if not entries:
         return None
     mc = parse_metrics_config(list(entries))

@@ -57,7 +57,8 @@ class _InProcessControl(Control):
         meta = self._run(lambda: self.server.model_metadata(model, version))
         config = self._run(lambda: self.server.model_config(model, version))
         max_batch = int(config.max_batch_size)
-        decoupled = bool(config.model_transaction_policy.decoupled)
+        policy = config.model_transaction_policy
+        decoupled = bool(policy is not None and policy.decoupled)
         inputs = tuple(InputSpec(i.name, i.datatype, tuple(i.shape[1:] if max_batch > 0 else i.shape))
                        for i in meta.inputs)
         return ModelInfo(model, version, inputs, tuple(o.name for o in meta.outputs), max_batch, decoupled)

@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import trio
 
@@ -28,7 +28,7 @@ from trident.protocol.generated.inference import ModelConfig
 from trident.server import deadlines
 from trident.server.execution import InFlight, abandon_running_calls
 from trident.server.handle import RequestHandle
-from trident.server.model import ModelVersion
+from trident.server.model import ClusterLink, ModelVersion
 from trident.server.repository import ModelRepository
 from trident.server.shared_memory import SharedMemory
 from trident.types import (
@@ -60,24 +60,6 @@ EXTENSIONS = [
 ]
 
 SendResponse = Callable[[InferenceResponse], Awaitable[None]]
-
-
-class ClusterLink(Protocol):
-    """What a worker's server asks of its supervisor (trident.cluster.worker implements it)."""
-
-    ready: bool
-
-    async def load(self, name: str, config: str | None, files: dict[str, bytes] | None) -> None: ...
-
-    async def unload(self, name: str, unload_dependents: bool) -> None: ...
-
-    async def statistics(self, name: str, version: str) -> list[ModelStatistics]: ...
-
-    async def call_all(self, op: str, **fields: Any) -> None: ...
-
-    async def call_first(self, op: str, **fields: Any) -> dict[str, Any]: ...
-
-    def route_for(self, name: str, config: ModelConfig, backend: Any) -> Any: ...
 
 
 class Server:

@@ -390,7 +390,7 @@ class InstanceThread:
 _EXECUTORS: weakref.WeakSet[BatchExecutor] = weakref.WeakSet()
 
 
-def abandon_running_calls(server: Any) -> int:
+def abandon_running_calls(server: object) -> int:
     """Give up the model calls of ``server``'s models that are still running or queued on
     their instance threads (see :meth:`InstanceThread.abandon`): the server's exit, after its
     exit timeout. Their requests fail with CANCELLED; each model with such calls is named in a

@@ -24,13 +24,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from trident import config as cfg
 from trident.backends import Backend, LoadContext, ModelInstance
-from trident.backends.base import NoThreads, Threads
+from trident.backends.base import ModelHost, NoThreads, Threads
 from trident.batching import make_scheduler
 from trident.batching.admission import (
     QUEUE_DELAY_PARAMETER,
@@ -48,7 +48,9 @@ from trident.batching.warmup import WarmupSample, warm_up, warmup_samples
 from trident.config import INLINE_MODES, INLINE_PARAMETER
 from trident.errors import Code, TritonError, internal, unavailable, unsupported
 from trident.observability.model_metrics import observer_for
-from trident.observability.stats import BACKEND, CANCELED, OTHER, REJECTED, StatsRecorder
+from trident.observability.stats import BACKEND, CANCELED, OTHER, REJECTED, ModelStatistics, StatsRecorder
+from trident.observability.tracing import Tracer
+from trident.options import ServerOptions
 from trident.protocol.generated.inference import ModelConfig
 from trident.server import deadlines
 from trident.server.execution import BatchExecutor, InFlight, Pending
@@ -61,6 +63,36 @@ log = logging.getLogger("trident.model")
 SendResponse = Callable[[InferenceResponse], Awaitable[None]]
 READY_PROBE_TIMEOUT_SECS = 5.0  # Triton's timeout for a model's is_ready()
 
+
+
+class ClusterLink(Protocol):
+    """What a worker's server asks of its supervisor (trident.cluster.worker implements it)."""
+
+    ready: bool
+
+    async def load(self, name: str, config: str | None, files: dict[str, bytes] | None) -> None: ...
+
+    async def unload(self, name: str, unload_dependents: bool) -> None: ...
+
+    async def statistics(self, name: str, version: str) -> list[ModelStatistics]: ...
+
+    async def call_all(self, op: str, **fields: Any) -> None: ...
+
+    async def call_first(self, op: str, **fields: Any) -> dict[str, Any]: ...
+
+    def route_for(self, name: str, config: ModelConfig, backend: Any) -> Any: ...
+
+
+class HostServer(ModelHost, Protocol):
+    """The server a model version belongs to (trident.server.core.Server implements it): what
+    model code may ask of it (:class:`ModelHost`), its options, its tracer and, under
+    ``--workers``, its link to the supervisor."""
+
+    options: ServerOptions
+    tracer: Tracer
+
+    @property
+    def cluster(self) -> ClusterLink | None: ...
 
 class ModelVersion:
     """One version of one model: the front door of every model, ensembles included.
@@ -80,7 +112,7 @@ class ModelVersion:
         model_dir: Path,
         *,
         backend_config: dict[str, str] | None = None,
-        server: Any = None,
+        server: HostServer | None = None,
         rate_limiter: Any = None,
         cache: Any = None,
         resolve: Resolve | None = None,
@@ -98,9 +130,9 @@ class ModelVersion:
         self.state = "LOADING"
         self.reason = ""
         self.stats = StatsRecorder(name, str(version))
-        self.latency = observer_for(server, config)  # summaries / first-response histogram (--metrics-config)
+        self.latency = observer_for(server.options if server is not None else None, config)  # summaries / first-response histogram (--metrics-config)
         self.load_duration_s = 0.0  # set by the repository once loaded (nv_model_load_duration_secs)
-        self._tracer = getattr(server, "tracer", None)
+        self._tracer = server.tracer if server is not None else None
         #: requests that await in flight (unloading waits until none is)
         self.inflight = InFlight()
         self.dropped = 0  # cancelled while queued: never executed
@@ -118,7 +150,7 @@ class ModelVersion:
         #: ``--workers``: where a request goes instead of here (``route(request)``: the peer
         #: worker that serves it, or None for this one): the owner of a sequence's correlation
         #: id, or the worker a model is placed on (trident.cluster.link); None: always here
-        cluster = getattr(server, "cluster", None)
+        cluster = server.cluster if server is not None else None
         self.route: Any = cluster.route_for(name, config, backend) if cluster is not None else None
         #: the owner of the instances' threads (serve() opens the nursery that owns them)
         self.threads: Threads = NoThreads(f"model '{name}' version {version}")

@@ -55,7 +55,7 @@ from trident.protocol.generated.inference import ModelConfig
 from trident.server import heap
 from trident.server.cloud_repository import CloudRepository, Fingerprint, is_cloud_url, mount_directory_env
 from trident.server.devices import gpu_count
-from trident.server.model import ModelVersion
+from trident.server.model import HostServer, ModelVersion
 from trident.server.on_demand import (
     DemandLoad,
     OnDemand,
@@ -164,7 +164,7 @@ def check_model_name(name: str) -> None:
 class ModelRepository:
     """All models of the server's repository paths and the control mode that governs them."""
 
-    def __init__(self, options: ServerOptions, nursery: trio.Nursery, server: Any = None) -> None:
+    def __init__(self, options: ServerOptions, nursery: trio.Nursery, server: HostServer | None = None) -> None:
         self.options = options
         self._nursery = nursery
         self._server = server

@@ -460,7 +460,9 @@ def tensors_to_wire(tensors: Sequence[Tensor], arrays: list[np.ndarray]) -> list
         data = t.data
         if type(data) is DeviceView:
             try:
-                buffer = data.device_buffer  # type: ignore[attr-defined]
+                buffer = data.device_buffer
+                if buffer is None:
+                    raise TritonError(Code.INTERNAL, f"tensor '{t.name}': a device view without its device buffer")
                 data = to_host(buffer, f"tensor '{t.name}' in {buffer.describe()}: a copy to the host")
             except TritonModelException as e:
                 raise TritonError(Code.INTERNAL, str(e)) from None

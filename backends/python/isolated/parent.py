@@ -467,7 +467,7 @@ class IsolatedInstance(ModelInstance):
     def _serve_bls(self, process: _Process, message: Any, arrays: list[np.ndarray]) -> None:
         _, call_id, meta, decoupled, parent_ids, *rest = message
         try:
-            if self._runtime is None:
+            if self._runtime is None or self._server is None:
                 raise TritonError(Code.UNSUPPORTED, "BLS is only available to models loaded by a trident server")
             from trident.backends.python._runtime import BlsCall, bls_trace
 
