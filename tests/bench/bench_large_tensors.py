@@ -200,10 +200,19 @@ def stop(server: Server) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
-    for pid in server.pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    for pid in server.pids:  # a child that left the group's end behind, still in the group (not a reused pid)
+        if pid != proc.pid and _pgrp(pid) == proc.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
     server.proc = None
+
+
+def _pgrp(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[2])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 # ---- RSS sampler ------------------------------------------------------------------------------------
