@@ -22,7 +22,10 @@ class TransportConfig:
 
     max_message_size: int = framing.DEFAULT_MAX_MESSAGE_SIZE
     max_concurrent_streams: int = 1000  # advertised; a stream beyond it gets RST_STREAM(REFUSED_STREAM)
-    initial_window_size: int = 1024 * 1024
+    #: a stream's receive window: a message up to this size flows without waiting for a
+    #: WINDOW_UPDATE (1 MiB tensors stalled a round trip at 1 MiB); the bytes a peer may make us
+    #: buffer are bounded by the buffer budget below, not by this
+    initial_window_size: int = 8 * 1024 * 1024
     max_frame_size: int = 1024 * 1024
     compression_level: int = 0  # gzip level for responses a handler marks compressible; 0 = off
     max_header_list_size: int = 64 * 1024  # advertised; a larger header list fails its stream
