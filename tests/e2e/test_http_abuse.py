@@ -222,6 +222,32 @@ def test_an_infer_body_dripping_slower_than_the_minimum_rate_gets_408(server):
     assert elapsed < 5  # 0.5 s, plus about one second for the bytes that came
 
 
+def test_a_large_body_begun_with_its_head_then_dripping_gets_408(server):
+    """A body of 2 MiB (read straight into its place as it comes) whose first bytes came with
+    the head, then a byte every 0.1 s: it never pauses for the body timeout, but falls behind
+    MIN_BODY_RATE from its first wait."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=20) as sock:
+        sock.sendall(post_head(b"/v2/models/count_fp32/infer", 2 << 20) + b"{" + b" " * 1000)
+        start = time.monotonic()
+        answered = b""
+        while not answered and time.monotonic() - start < 10:
+            time.sleep(0.1)
+            try:
+                sock.sendall(b" ")
+                answered = sock.recv(65536, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            except OSError:  # closed after the answer: read what it sent
+                break
+        elapsed = time.monotonic() - start
+        sock.settimeout(5)
+        data = answered
+        while chunk := sock.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+    assert elapsed < 5  # 0.5 s, plus about one second for the bytes that came
+
+
 def test_a_10000_dimension_shape_is_400_without_a_traceback(server):
     body = json.dumps({"inputs": [{"name": "IN", "shape": [1] * 10_000, "datatype": "FP32", "data": [1.0]}]})
     r = httpx.post(f"http://{server.http_url}/v2/models/count_fp32/infer", content=body)

@@ -175,6 +175,8 @@ class FastInfer:
                     room = parser.body_room if store is not None else 0
                     if room and store is not None:  # a placed body: the socket's bytes go straight into place
                         now = trio.current_time()
+                        if deadline == _NEVER:  # the body so far came with the head: no wait yet
+                            deadline = now + body_timeout
                         scope.deadline = min(now + body_timeout, deadline)
                         n = await io.receive_into(store[filled : filled + min(room, BODY_RECEIVE_SIZE)])
                         if not n:
