@@ -198,10 +198,11 @@ def test_an_infer_body_in_many_slow_pieces_is_served_while_it_keeps_the_pace(ser
     assert json.loads(data.split(b"\r\n\r\n", 1)[1])["outputs"][0]["data"] == [60000]
 
 
-def test_an_infer_body_dripping_slower_than_the_minimum_rate_gets_408(server):
-    """A byte every 0.1 s never pauses for the 0.5 s body timeout, but falls behind MIN_BODY_RATE."""
+def drip_until_answered(server: RunningServer, first: bytes) -> tuple[bytes, float]:
+    """Send ``first`` (a request head and maybe the body's start), then a byte every 0.1 s until
+    the server answers (at most 10 s): the answer and the seconds it took."""
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=20) as sock:
-        sock.sendall(post_head(b"/v2/models/count_fp32/infer", 1000) + b"{")
+        sock.sendall(first)
         start = time.monotonic()
         answered = b""
         while not answered and time.monotonic() - start < 10:
@@ -218,6 +219,12 @@ def test_an_infer_body_dripping_slower_than_the_minimum_rate_gets_408(server):
         data = answered
         while chunk := sock.recv(65536):
             data += chunk
+    return data, elapsed
+
+
+def test_an_infer_body_dripping_slower_than_the_minimum_rate_gets_408(server):
+    """A byte every 0.1 s never pauses for the 0.5 s body timeout, but falls behind MIN_BODY_RATE."""
+    data, elapsed = drip_until_answered(server, post_head(b"/v2/models/count_fp32/infer", 1000) + b"{")
     assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
     assert elapsed < 5  # 0.5 s, plus about one second for the bytes that came
 
@@ -226,26 +233,10 @@ def test_a_large_body_begun_with_its_head_then_dripping_gets_408(server):
     """A body of 2 MiB (read straight into its place as it comes) whose first bytes came with
     the head, then a byte every 0.1 s: it never pauses for the body timeout, but falls behind
     MIN_BODY_RATE from its first wait."""
-    with socket.create_connection(("127.0.0.1", server.http_port), timeout=20) as sock:
-        sock.sendall(post_head(b"/v2/models/count_fp32/infer", 2 << 20) + b"{" + b" " * 1000)
-        start = time.monotonic()
-        answered = b""
-        while not answered and time.monotonic() - start < 10:
-            time.sleep(0.1)
-            try:
-                sock.sendall(b" ")
-                answered = sock.recv(65536, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                continue
-            except OSError:  # closed after the answer: read what it sent
-                break
-        elapsed = time.monotonic() - start
-        sock.settimeout(5)
-        data = answered
-        while chunk := sock.recv(65536):
-            data += chunk
+    data, elapsed = drip_until_answered(
+        server, post_head(b"/v2/models/count_fp32/infer", 2 << 20) + b"{" + b" " * 1000)
     assert data.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
-    assert elapsed < 5  # 0.5 s, plus about one second for the bytes that came
+    assert elapsed < 5
 
 
 def test_a_10000_dimension_shape_is_400_without_a_traceback(server):
