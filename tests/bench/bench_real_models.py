@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from proc_stats import cpu_seconds  # tests/bench/proc_stats.py (the script runs from tests/bench)
+from proc_stats import cpu_seconds, tree_pids  # tests/bench/proc_stats.py (the script runs from tests/bench)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -237,26 +237,6 @@ class ServedRun:
 
 
 # ---------------------------------------------------------------- processes
-
-def tree_pids(root: int) -> list[int]:
-    """``root`` and its descendants (Triton's Python stubs), from /proc."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
 
 def tree_cpu_seconds(root: int) -> float:
     total = 0.0
