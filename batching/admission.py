@@ -22,7 +22,7 @@ import numpy as np
 from trident import config as cfg
 from trident.errors import TritonError, invalid_arg, overloaded
 from trident.protocol.generated.inference import ModelConfig
-from trident.types import InferenceRequest, Tensor, TensorSpec
+from trident.types import InferenceRequest, Tensor, TensorSpec, WireBytesTensor
 
 
 def tensor_specs(config: ModelConfig, model_dir: Path) -> tuple[dict[str, TensorSpec], dict[str, TensorSpec]]:
@@ -145,7 +145,10 @@ def check_input(name: str, max_batch_size: int, inputs: dict[str, TensorSpec], i
 
 
 def _check_data(tensor: Tensor) -> None:
-    """Raises INVALID_ARG when the tensor's data does not hold its declared shape."""
+    """Raises INVALID_ARG when the tensor's data does not hold its declared shape (a tensor in
+    its wire form was checked against its shape when decoded: its elements are not made here)."""
+    if type(tensor) is WireBytesTensor:
+        return
     if tensor.data.shape != tuple(tensor.shape) and tensor.data.size != int(np.prod(tensor.shape)):
         raise invalid_arg(f"input '{tensor.name}' data does not match its shape {_fmt(list(tensor.shape))}")
 

@@ -33,16 +33,26 @@ import numpy as np
 
 from trident.errors import invalid_arg, unsupported
 from trident.protocol import datatypes
+from trident.protocol.datatypes import WireBytes
 from trident.protocol.kserve import (
     InputCheck,
     ShmLookup,
     ShmOutputLookup,
+    serializes_many,
     shm_array,
     shm_parameters,
     without_shm_parameters,
     write_shm_output,
 )
-from trident.types import InferenceRequest, InferenceResponse, ParamValue, RequestedOutput, Tensor
+from trident.types import (
+    InferenceRequest,
+    InferenceResponse,
+    ParamValue,
+    RequestedOutput,
+    Tensor,
+    WireBytesTensor,
+    wire_of,
+)
 
 Buffer = bytes | bytearray | memoryview
 _Bytes = bytes | bytearray
@@ -59,7 +69,6 @@ _U64 = (1 << 64) - 1
 _I64_MAX = (1 << 63) - 1
 _DOUBLE = struct.Struct("<d")
 _FLOAT = struct.Struct("<f")
-_LEN = struct.Struct("<I")
 
 
 def _varint(buf: _Bytes, pos: int) -> tuple[int, int]:
@@ -588,8 +597,9 @@ def _tensors(buf: _Bytes, view: memoryview, model: str, inputs: list[_Input], ra
                     f"contents field must not be specified when using raw_input_contents for '{t.name}' "
                     f"for model '{model}'"
                 )
-            array = _from_raw(raw[index], t, dtype, count, model)
-        elif t.contents is not None:
+            out.append(_shaped(t, _from_raw(raw[index], t, dtype, count, model), tuple(t.shape), model))
+            continue
+        if t.contents is not None:
             array = _from_contents(buf, view, t, dtype, count, model)
         elif count == 0:
             array = np.empty(0, dtype=dtype)
@@ -599,8 +609,10 @@ def _tensors(buf: _Bytes, view: memoryview, model: str, inputs: list[_Input], ra
     return out
 
 
-def _shaped(t: _Input, array: np.ndarray, shape: tuple[int, ...], model: str) -> Tensor:
+def _shaped(t: _Input, array: np.ndarray | WireBytes, shape: tuple[int, ...], model: str) -> Tensor:
     """The request's tensor of input ``t``: ``array`` (its elements, flat) in ``shape``."""
+    if isinstance(array, WireBytes):  # its count is the shape's
+        return WireBytesTensor(t.name, shape, array, dict(t.parameters) if t.parameters else {})
     try:
         array = array.reshape(shape)
     except ValueError as e:  # dimensions numpy cannot hold (too many, or a zero among huge ones)
@@ -614,9 +626,13 @@ def _byte_size_mismatch(t: _Input, model: str, expected: int, got: int) -> Excep
     )
 
 
-def _from_raw(data: memoryview, t: _Input, dtype: np.dtype, count: int, model: str) -> np.ndarray:
+def _from_raw(data: memoryview, t: _Input, dtype: np.dtype, count: int, model: str) -> np.ndarray | WireBytes:
+    """An input's raw contents as its flat array; BYTES of ``WIRE_MIN`` elements and up kept in
+    their wire form (checked here). Raises INVALID_ARG for data that does not fit."""
     if t.datatype == "BYTES":
         try:
+            if count >= datatypes.WIRE_MIN:
+                return WireBytes.parse(data, count)
             return datatypes.deserialize_bytes(data, count)
         except ValueError as e:
             raise invalid_arg(f"invalid BYTES data for input '{t.name}' for model '{model}': {e}") from None
@@ -778,21 +794,13 @@ def _parameters(tag: bytes, parameters: dict[str, ParamValue]) -> bytes:
     return b"".join(out)
 
 
-def _raw(data: np.ndarray, datatype: str) -> tuple[Parts, int]:
+def _raw(data: np.ndarray | WireBytes, datatype: str) -> tuple[Parts, int]:
     """An output tensor's raw bytes as parts that view the array (BYTES: length-prefixed)."""
-    if datatype == "BYTES":
-        parts: Parts = []
-        size = 0
-        pack = _LEN.pack
-        for item in data.reshape(-1):
-            if isinstance(item, str):
-                item = item.encode("utf-8")
-            elif not isinstance(item, (bytes, bytearray, memoryview)):
-                item = str(item).encode("utf-8")
-            parts.append(pack(len(item)))
-            parts.append(item)
-            size += 4 + len(item)
-        return parts, size
+    if isinstance(data, WireBytes):  # an input's elements returned as they came
+        return [data.buffer], data.buffer.nbytes
+    if datatype == "BYTES":  # in parts of datatypes.FILL_SLICE elements, each made by C code
+        pieces = datatypes.serialize_bytes_parts(data)
+        return list(pieces), sum(map(len, pieces))
     array = np.ascontiguousarray(data)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
@@ -822,6 +830,12 @@ def _output_metadata(tensor: Tensor, parameters: bytes = b"") -> bytes:
         body += b"\x1a" + _uvarint(len(shape)) + shape
     body += parameters
     return b"\x2a" + _uvarint(len(body)) + body
+
+
+def encode_is_large(response: InferenceResponse) -> bool:
+    """Whether :func:`encode_model_infer_response` may take long for ``response`` (BYTES
+    elements to serialize, see kserve.serializes_many), so a caller moves it off its loop."""
+    return bool(response.outputs) and serializes_many(response)
 
 
 def encode_model_infer_response(
@@ -862,7 +876,8 @@ def encode_model_infer_response(
             write_shm_output(tensor, shm_outputs[tensor.name], shm)
             raws.append(([], 0))
         else:
-            raws.append(_raw(tensor.data, tensor.datatype))
+            wire = wire_of(tensor)
+            raws.append(_raw(tensor.data if wire is None else wire, tensor.datatype))
     first = b"".join(head)
     parts: Parts = [first]
     size = len(first)

@@ -44,6 +44,8 @@ from trident.types import (
     ServerMetadata,
     Tensor,
     TensorMetadata,
+    WireBytesTensor,
+    wire_of,
 )
 
 _OPT_NUMPY = orjson.OPT_SERIALIZE_NUMPY
@@ -423,6 +425,8 @@ def _decode_input(
                 f"unexpected size for input '{name}', expecting {end - len(view)} additional bytes "
                 f"for model '{model_name}'"
             )
+        if datatype == "BYTES" and count >= datatypes.WIRE_MIN:
+            return WireBytesTensor(name, shape, parse_wire(name, count, view[offset:end]), tensor_params), end
         array = _blob_to_array(name, datatype, shape, count, view[offset:end])
         return Tensor(name, datatype, shape, array, tensor_params), end
 
@@ -444,6 +448,15 @@ def shm_array(name: str, datatype: str, shape: tuple[int, ...], count: int, blob
         raise invalid_arg(f"input byte size mismatch for input '{name}' for model '{model_name}'. Expected "
                           f"{count * itemsize}, got {blob.nbytes}")
     return _blob_to_array(name, datatype, shape, count, blob)
+
+
+def parse_wire(name: str, count: int, blob: memoryview) -> datatypes.WireBytes:
+    """A BYTES input's binary data checked to hold ``count`` elements, kept in its wire form.
+    Raises INVALID_ARG as an object array's decode would."""
+    try:
+        return datatypes.WireBytes.parse(blob, count)
+    except ValueError as exc:
+        raise invalid_arg(f"unable to deserialize BYTES input '{name}': {exc}") from None
 
 
 def _blob_to_array(
@@ -785,17 +798,20 @@ def response_is_large(response: InferenceResponse, requested: Sequence[Requested
     """Whether encoding ``response`` (as :func:`encode_infer_response` would, for ``requested``
     and ``binary_default``) may take long, so a caller moves it off its loop: outputs encoded
     as JSON from ``LARGE_JSON`` bytes, outputs copied into shared-memory regions from
-    ``SHM_COPY_LARGE``, or a compressed body from ``LARGE_JSON``. Binary outputs cost nothing
-    (the body refers to their bytes)."""
-    total = sum(t.data.nbytes for t in response.outputs if isinstance(t.data, np.ndarray))
-    if total < LARGE_JSON:  # the common case: nothing to weigh (SHM_COPY_LARGE is larger)
+    ``SHM_COPY_LARGE``, a compressed body from ``LARGE_JSON``, or BYTES elements to serialize
+    (:func:`serializes_many`). Other binary outputs cost nothing (the body refers to their
+    bytes, a BYTES input returned unchanged its wire form)."""
+    total = sum(_output_nbytes(t) for t in response.outputs)
+    if total < _WEIGHED:  # the common case: nothing to weigh (SHM_COPY_LARGE is larger)
         return False
+    if serializes_many(response):
+        return True
     flags = {o.name: o.parameters for o in requested} if requested else None
     as_json = to_shm = 0
     for t in response.outputs:
-        if not isinstance(t.data, np.ndarray):
+        nbytes = _output_nbytes(t)
+        if not nbytes:
             continue
-        nbytes = t.data.nbytes
         params = flags.get(t.name) if flags is not None else None
         if params is not None and "shared_memory_region" in params:
             to_shm += nbytes
@@ -804,6 +820,30 @@ def response_is_large(response: InferenceResponse, requested: Sequence[Requested
         if not (binary_default if flag is None else bool(flag)):
             as_json += nbytes
     return compressed or as_json >= LARGE_JSON or to_shm >= SHM_COPY_LARGE
+
+
+def serializes_many(response: InferenceResponse) -> bool:
+    """Whether ``response`` has a BYTES output of ``FILL_SLICE`` elements or more to serialize
+    (not one sent in its wire form): ~5 ms and up of C code, in parts."""
+    for t in response.outputs:
+        if t.datatype == "BYTES" and wire_of(t) is None and isinstance(t.data, np.ndarray) \
+                and t.data.size >= datatypes.FILL_SLICE:
+            return True
+    return False
+
+
+#: the output bytes under which no encode is large (an object array weighs 8 bytes an element,
+#: so a BYTES output of FILL_SLICE elements is weighed)
+_WEIGHED = min(LARGE_JSON, 8 * datatypes.FILL_SLICE)
+
+
+def _output_nbytes(tensor: Tensor) -> int:
+    """What ``tensor`` weighs for :func:`response_is_large` (its wire form when it has one: no
+    element object is made to weigh it; 0 for data that is not an array)."""
+    wire = wire_of(tensor)
+    if wire is not None:
+        return wire.buffer.nbytes
+    return tensor.data.nbytes if isinstance(tensor.data, np.ndarray) else 0
 
 
 def _splice_lists(header: bytes, lists: list[np.ndarray]) -> list[bytes]:
@@ -843,7 +883,8 @@ def write_shm_output(tensor: Tensor, params: dict[str, ParamValue], shm: ShmOutp
     if shm is None:
         raise unsupported(f"output '{tensor.name}': {_SHM_UNSUPPORTED}")
     view = shm(region, offset, size)
-    blob = _binary_data(tensor.datatype, tensor.data)
+    wire = wire_of(tensor)
+    blob = wire.buffer if wire is not None else _binary_data(tensor.datatype, tensor.data)
     nbytes = blob.nbytes if isinstance(blob, memoryview) else len(blob)
     if nbytes > view.nbytes:
         raise internal(f"shared memory size specified with the request for output '{tensor.name}' "
@@ -860,9 +901,9 @@ def _shm_output(tensor: Tensor, params: dict[str, ParamValue], shm: ShmOutputLoo
 
 
 def _encode_output(tensor: Tensor, binary: bool, blobs: list[bytes | memoryview]) -> dict[str, Any]:
-    data = tensor.data
+    wire = wire_of(tensor)
     shape = [int(d) for d in tensor.shape]
-    if data.size != datatypes.element_count(shape):
+    if (wire.count if wire is not None else tensor.data.size) != datatypes.element_count(shape):
         raise TritonError(
             Code.INTERNAL, f"output tensor shape does not match size of output for '{tensor.name}'"
         )
@@ -873,7 +914,7 @@ def _encode_output(tensor: Tensor, binary: bool, blobs: list[bytes | memoryview]
         if datatype in ("FP16", "BF16"):  # as for inputs: only the binary extension carries them
             raise invalid_arg(f"sending {datatype} data via JSON is not supported. Please use the binary "
                               "data format for output")
-        values = json_data(datatype, data)
+        values = json_data(datatype, tensor.data)
         if values is not None:
             if params:
                 out["parameters"] = params
@@ -882,6 +923,12 @@ def _encode_output(tensor: Tensor, binary: bool, blobs: list[bytes | memoryview]
     if params is None:
         params = {}
     out["parameters"] = params
+    if wire is not None:  # an input's elements returned as they came: sent as they came
+        params["binary_data_size"] = wire.buffer.nbytes
+        if wire.buffer.nbytes:
+            blobs.append(wire.buffer)
+        return out
+    data = tensor.data
     if datatype == "BYTES":  # in parts, never joined here (see datatypes.serialize_bytes_parts)
         pieces = datatypes.serialize_bytes_parts(data)
         params["binary_data_size"] = sum(map(len, pieces))

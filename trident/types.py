@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +58,78 @@ class Tensor:
         if self.datatype == "BYTES":
             return sum(len(x) for x in self.data.reshape(-1)) + 4 * self.data.size
         return int(self.data.nbytes)
+
+
+_TENSOR_DATA = Tensor.__dict__["data"]  # the slot that holds a Tensor's array
+
+
+class WireBytesTensor(Tensor):
+    """A BYTES tensor held in its wire form (:class:`~trident.protocol.datatypes.WireBytes`):
+    its object array is made the first time ``data`` is read (in the reader's thread; a model
+    reading it in its instance thread keeps that work off the event loop) and kept. ``wire``
+    stays the elements' exact wire form, so encoders send it as it came without reading
+    ``data``; setting ``data`` drops it (``wire`` is None after).
+
+    Large BYTES inputs (``WIRE_MIN`` elements and up) of the binary extension and of gRPC
+    ``raw_input_contents`` are decoded to this; an output a Python model returns is this when it
+    holds exactly the objects of such an input, in order (see backends/python/_convert).
+    """
+
+    __slots__ = ("wire",)
+
+    def __init__(self, name: str, shape: tuple[int, ...], wire: datatypes.WireBytes,
+                 parameters: dict[str, ParamValue] | None = None, data: np.ndarray | None = None) -> None:
+        self.name = name
+        self.datatype = "BYTES"
+        self.shape = shape
+        self.parameters = {} if parameters is None else parameters
+        self.wire: datatypes.WireBytes | None = wire
+        if data is not None:
+            _TENSOR_DATA.__set__(self, data)
+
+    @property  # type: ignore[override]
+    def data(self) -> np.ndarray:
+        try:
+            return _TENSOR_DATA.__get__(self, Tensor)  # type: ignore[no-any-return]
+        except AttributeError:
+            assert self.wire is not None
+            array = self.wire.objects().reshape(self.shape)
+            _TENSOR_DATA.__set__(self, array)
+            return array
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        self.wire = None
+        _TENSOR_DATA.__set__(self, value)
+
+    @property
+    def nbytes(self) -> int:
+        return self.wire.buffer.nbytes if self.wire is not None else Tensor.nbytes.__get__(self)  # type: ignore[attr-defined,no-any-return]
+
+
+def release_objects(tensors: list[Tensor]) -> None:
+    """Let go of the elements of the tensors' large object arrays (BYTES) a slice of
+    ``FILL_SLICE`` at a time, where nothing but the tensor holds the array: the elements of one
+    slice are freed by one C call of a few ms, where freeing the array frees all of them in one
+    call that holds the GIL (15M elements: ~25 ms when they are one object, ~0.5 s when each is
+    its own) and stalls every other client. For a worker thread, once a request is answered:
+    the tensors' elements are None after. A WireBytesTensor's elements are not made for it."""
+    for tensor in tensors:
+        try:
+            data = _TENSOR_DATA.__get__(tensor, Tensor)
+        except AttributeError:  # never made
+            continue
+        if type(data) is not np.ndarray or data.dtype != object or data.size <= datatypes.FILL_SLICE \
+                or not data.flags.c_contiguous or sys.getrefcount(data) > 3:  # the slot, here, the argument
+            continue
+        flat = data.reshape(-1)
+        for start in range(0, flat.size, datatypes.FILL_SLICE):
+            flat[start : start + datatypes.FILL_SLICE] = None
+
+
+def wire_of(tensor: Tensor) -> datatypes.WireBytes | None:
+    """A BYTES tensor's exact wire form when it holds one (no element object is made)."""
+    return tensor.wire if type(tensor) is WireBytesTensor else None
 
 
 @dataclass(eq=False, slots=True)

@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from trident.backends.python import _cuda, pb_utils
+from trident.backends.python import _cuda, _wire, pb_utils
 from trident.backends.python._dlpack import KDL_CUDA, DeviceBuffer, DeviceView
 from trident.backends.python._pb_tensor import DeviceTensor
+from trident.backends.python._wire import WireInput
 from trident.errors import Code, TritonError, internal
 from trident.protocol import datatypes
 from trident.types import (
@@ -32,6 +33,7 @@ from trident.types import (
     ParamValue,
     RequestedOutput,
     Tensor,
+    WireBytesTensor,
     device_source_of,
 )
 
@@ -69,17 +71,28 @@ def to_tensor(t: pb_utils.Tensor, keep_device: bool = False) -> Tensor:
     """A model's ``pb_utils.Tensor`` as a trident Tensor (same array). A device tensor is
     copied to the host unless ``keep_device`` (then its data is its DeviceView). Raises
     TritonModelException when that copy is impossible (no CUDA library) or fails."""
-    array = t._array  # not as_numpy(): BF16 travels as its uint16 bit patterns
     datatype = t._datatype
     if datatype == "BYTES":
+        wire = t.unread() if type(t) is WireInput else None
+        if wire is not None:  # a request input passed on unread (a BLS call's input, most often)
+            return WireBytesTensor(t._name, tuple(t.shape()), wire)
+        array = t._array
+        wire = _wire.handed_wire(array)
+        if wire is not None:  # an input's array returned unchanged: its wire form is the answer's
+            return WireBytesTensor(t._name, array.shape, wire, data=array)
         array = bytes_array(array)
-    elif type(array) is DeviceView and not keep_device:
+        return Tensor(t._name, datatype, array.shape, array)
+    array = t._array  # not as_numpy(): BF16 travels as its uint16 bit patterns
+    if type(array) is DeviceView and not keep_device:
         array = t._host_copy()  # type: ignore[attr-defined]  # a DeviceTensor's
     return Tensor(t._name, datatype, array.shape, array)  # numpy shapes are tuples of ints
 
 
 def to_pb_tensor(t: Tensor) -> pb_utils.Tensor:
-    """A core tensor as the model sees it: a DeviceView becomes the DeviceTensor it stands for."""
+    """A core tensor as the model sees it: a DeviceView becomes the DeviceTensor it stands for,
+    a tensor in its wire form a :class:`~._wire.WireInput`."""
+    if type(t) is WireBytesTensor:
+        return WireInput(t)
     data = t.data
     if type(data) is DeviceView and data.device_buffer is not None:
         return DeviceTensor._over(t.name, data.device_buffer, data)
@@ -92,6 +105,8 @@ def to_input_tensor(t: Tensor, device_inputs: bool) -> pb_utils.Tensor:
     client's CUDA shared memory is a device tensor over that memory; otherwise both are CPU
     tensors (the former copied to the host here). Raises TritonModelException when that copy
     is impossible."""
+    if type(t) is WireBytesTensor:
+        return WireInput(t)
     data = t.data
     if type(data) is DeviceView:
         if device_inputs and data.device_buffer is not None:
@@ -175,7 +190,7 @@ def to_response(response: pb_utils.InferenceResponse, failure: str = "",
     if error is not None:
         return InferenceResponse(error=TritonError(Code[error.code().name], error.message()))
     try:
-        outputs = [to_tensor(t) if type(t._array) is not DeviceView
+        outputs = [to_tensor(t) if t._datatype == "BYTES" or type(t._array) is not DeviceView
                    else to_tensor(t, request is not None and id(request) in DEVICE_OUTPUT_REQUESTS)
                    for t in response._outputs]
     except Exception as e:

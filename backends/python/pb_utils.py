@@ -58,9 +58,11 @@ from trident.backends.python._pb_metrics import Metric as Metric
 from trident.backends.python._pb_metrics import MetricFamily as MetricFamily
 from trident.backends.python._pb_tensor import _API_TO_NUM, _host_input
 from trident.backends.python._pb_tensor import Tensor as Tensor
+from trident.backends.python._wire import WireInput as _WireInput
 from trident.observability.logs import SERVING_KEY as _SERVING_KEY
 from trident.observability.logs import ModelCall as _ModelCall
 from trident.protocol import datatypes
+from trident.types import WireBytesTensor as _WireBytesTensor
 
 _log = logging.getLogger("trident.backends.python")
 
@@ -436,7 +438,8 @@ class InferenceRequest:
         """The input tensors. Raises TritonModelException when an input in GPU memory must be
         copied to the host for this model and cannot be (no CUDA library in this process)."""
         if self._inputs is None:  # wrapped lazily from the trident request (GPU tensors: to the host)
-            self._inputs = [Tensor._wrap(t.name, t.data, t.datatype) if type(t.data) is not _DeviceView
+            self._inputs = [_WireInput(t) if type(t) is _WireBytesTensor  # elements made when asked for
+                            else Tensor._wrap(t.name, t.data, t.datatype) if type(t.data) is not _DeviceView
                             else _host_input(t) for t in self._source.inputs]
         return self._inputs
 

@@ -26,7 +26,7 @@ from trident.protocol import grpc_codec, grpc_messages
 from trident.protocol.generated import inference as pb
 from trident.protocol.generated.grpc.health import v1 as health
 from trident.restricted import GRPC_MESSAGE, Restriction, grpc_restrictions
-from trident.types import InferenceRequest, InferenceResponse, ParamValue
+from trident.types import InferenceRequest, InferenceResponse, ParamValue, release_objects
 
 if TYPE_CHECKING:
     from trident.server import RequestHandle, Server
@@ -323,11 +323,29 @@ class InferenceService:
         """ModelInfer in the call's task (a heavy message, decoded in a worker thread, forwarded
         headers, a restricted API): the reply ``(parts, size)``. Raises TritonError (decoupled
         models: UNSUPPORTED -> UNIMPLEMENTED)."""
+        heavy = grpc_codec.is_heavy(data, call.conn.config.offload_size)
         request = await self._request(call, data)
+        del data
         token = serving.set(serving_of(request))  # the lines logged meanwhile name the request
         try:
             shm_outputs = self._check_shm_outputs(request)
-            return await self._reply(call, self.server.start(request, endpoint="ModelInfer RPC"), shm_outputs)
+            handle = self.server.start(request, endpoint="ModelInfer RPC")
+            if not heavy:
+                return await self._reply(call, handle, shm_outputs)
+            # decoded off the loop: encoded off the loop when it is large, and let go of off the
+            # loop (it may hold millions of objects: BYTES elements)
+            response: InferenceResponse | None = None
+            try:
+                response = await handle.wait()
+                del handle
+                if grpc_codec.encode_is_large(response):
+                    return await self._encode_off_loop(call, response, shm_outputs)
+                return self._encode(call, response, shm_outputs)
+            finally:
+                holder = [request, response]
+                del request, response
+                with trio.CancelScope(shield=True):
+                    await call.run_sync(_let_go, holder)
         finally:
             serving.reset(token)
 
@@ -351,7 +369,10 @@ class InferenceService:
             shm_outputs = self._check_shm_outputs(request)
             handle = self.server.start(request, endpoint="ModelInfer RPC")
             if handle.response is not None:
-                call.answer(*self._encode(call, handle.response, shm_outputs))  # type: ignore[arg-type]
+                if grpc_codec.encode_is_large(handle.response):
+                    call.run(self._encode_off_loop(call, handle.response, shm_outputs))
+                else:
+                    call.answer(*self._encode(call, handle.response, shm_outputs))  # type: ignore[arg-type]
             elif call.may_answer_later and handle.on_final(lambda response: self._answer(call, response, shm_outputs)):
                 call.answer_later(handle.cancel)  # queued: answered by whoever delivers the response
             else:
@@ -364,6 +385,9 @@ class InferenceService:
         if response.error is not None:
             call.fail(response.error)
             return
+        if grpc_codec.encode_is_large(response):
+            call.run(self._encode_off_loop(call, response, shm_outputs))
+            return
         try:
             parts, size = self._encode(call, response, shm_outputs)
         except Exception as e:  # writing a shared-memory output: its error is the call's
@@ -374,8 +398,18 @@ class InferenceService:
     async def _reply(self, call: Call, handle: RequestHandle,
                      shm_outputs: dict[str, Any] | None) -> tuple[list[Any], int]:
         """The reply of a request that did not run at once, awaited in the call's task (its
-        cancellation cancels the request). Raises the request's TritonError."""
-        return self._encode(call, await handle.wait(), shm_outputs)
+        cancellation cancels the request; a large encode runs in a worker thread). Raises the
+        request's TritonError."""
+        response = await handle.wait()
+        if grpc_codec.encode_is_large(response):
+            return await self._encode_off_loop(call, response, shm_outputs)
+        return self._encode(call, response, shm_outputs)
+
+    async def _encode_off_loop(self, call: Call, response: InferenceResponse,
+                               shm_outputs: dict[str, Any] | None) -> tuple[list[Any], int]:
+        """:meth:`_encode` in a worker thread (a large encode: see grpc_codec.encode_is_large),
+        for the call's task. Raises as :meth:`_encode`."""
+        return await call.run_sync(self._encode, call, response, shm_outputs)  # type: ignore[no-any-return]
 
     async def _reply_in_context(self, call: Call, handle: RequestHandle, shm_outputs: dict[str, Any] | None,
                                 request: InferenceRequest) -> tuple[list[Any], int]:
@@ -396,6 +430,7 @@ class InferenceService:
 
     def _encode(self, call: Call, response: InferenceResponse,
                 shm_outputs: dict[str, Any] | None) -> tuple[list[Any], int]:
+        """The reply's (parts, size); raises what writing a shared-memory output raises."""
         call.compress_responses = True
         if shm_outputs is None:
             return grpc_codec.encode_model_infer_response(response)
@@ -471,6 +506,16 @@ class InferenceService:
             error_message=message,
         )
         await call.send_message(parts, size)
+
+
+def _let_go(holder: list[Any]) -> None:
+    """Let go of a request and its response (in ``holder``, emptied), their large object arrays
+    a slice at a time (types.release_objects)."""
+    request, response = holder
+    holder.clear()
+    if response is not None:
+        release_objects(response.outputs)
+    release_objects(request.inputs)
 
 
 def _shm_outputs(request: InferenceRequest) -> dict[str, dict[str, ParamValue]] | None:

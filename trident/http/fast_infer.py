@@ -115,7 +115,9 @@ class FastInfer:
                         raise Disconnected
                 reply = exchange.reply(response)
                 status, headers, parts = reply if reply is not None else await exchange.respond(response)
-                del response, reply
+                if exchange.heavy is not None:
+                    exchange.answered = response  # encoded: let go of off the loop (exchange.free)
+                del response, reply, handle
             except Disconnected:
                 raise
             except Exception as exc:

@@ -27,7 +27,7 @@ from trident.observability.logs import serving, serving_of
 from trident.observability.trace import TraceParent, parse_traceparent
 from trident.protocol import kserve
 from trident.restricted import HTTP_MESSAGE, http_restrictions
-from trident.types import InferenceRequest, InferenceResponse
+from trident.types import InferenceRequest, InferenceResponse, release_objects
 
 if TYPE_CHECKING:
     from trident.server import RequestHandle, Server
@@ -185,7 +185,7 @@ class InferExchange:
     outputs written to shared memory).
     """
 
-    __slots__ = ("endpoint", "name", "version", "requested", "binary", "accept", "shm", "heavy", "_token")
+    __slots__ = ("endpoint", "name", "version", "requested", "binary", "accept", "shm", "heavy", "answered", "_token")
 
     def __init__(self, endpoint: InferEndpoint) -> None:
         self.endpoint = endpoint
@@ -196,6 +196,8 @@ class InferExchange:
         self.shm: kserve.ShmOutputLookup | None = None  # writes the outputs asked for in shared memory
         #: a request decoded off the loop (held here until :meth:`free` drops it off the loop too)
         self.heavy: InferenceRequest | None = None
+        #: a heavy request's response once encoded (its object arrays are let go of by :meth:`free`)
+        self.answered: InferenceResponse | None = None
         self._token: Any = None
 
     async def start(self, headers: Headers, body: Body, name: str, version: str) -> RequestHandle:
@@ -245,12 +247,14 @@ class InferExchange:
             serving.reset(token)
 
     async def free(self) -> None:
-        """Drop a request decoded off the loop, off the loop too (it may hold millions of objects:
-        JSON lists, BYTES elements), once nothing else refers to it. Cancellation waits for it."""
-        holder = [self.heavy]
-        self.heavy = None
+        """Drop a request decoded off the loop, and its response once encoded (:attr:`answered`),
+        off the loop too: they may hold millions of objects (JSON lists, BYTES elements), let go
+        of a slice at a time where nothing else holds them (types.release_objects). Cancellation
+        waits for it."""
+        request, response = self.heavy, self.answered
+        self.heavy = self.answered = None
         with trio.CancelScope(shield=True):
-            await offload.run_sync(holder.clear)
+            await offload.run_sync(_let_go, [request, response])
 
     def reply(self, response: InferenceResponse) -> Reply | None:
         """The answer for ``response`` (an error response's included), encoded here and now;
@@ -282,6 +286,17 @@ class InferExchange:
     def error(self, exc: Exception) -> Reply:
         """The answer for ``exc`` raised while handling the request (see :func:`error_reply`)."""
         return self.endpoint.error(exc, self.name, self.version)
+
+
+def _let_go(holder: list[Any]) -> None:
+    """Let go of a request and its response (in ``holder``, emptied), their large object arrays
+    a slice at a time."""
+    request, response = holder
+    holder.clear()
+    if response is not None:
+        release_objects(response.outputs)
+    if request is not None:
+        release_objects(request.inputs)
 
 
 def _framed(parts: Parts, json_length: int | None, encoding: str | None) -> Reply:

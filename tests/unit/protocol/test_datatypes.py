@@ -151,3 +151,59 @@ def test_bf16_exact_values():
     bits = dt.float32_to_bf16(f)
     assert bits.dtype == np.uint16 and bits.tolist() == [0x3F80, 0xC000, 0x3F00, 0]
     assert dt.bf16_to_float32(bits).tolist() == f.tolist()
+
+
+def _reference_wire(items: list[bytes]) -> bytes:
+    return b"".join(len(x).to_bytes(4, "little") + x for x in items)
+
+
+@pytest.mark.parametrize("kind", ["empty", "fixed", "varied", "one long", "wide memoryviews"])
+@pytest.mark.parametrize("count", [1, 511, 512, 4097, dt.FILL_SLICE + 3])
+def test_bytes_serialized_by_either_way_match_one_element_at_a_time(kind, count):
+    """Small parts are joined element by element, large ones (_NUMPY_PREFIXED and up) with numpy
+    lengths and one payload join: both are the reference wire form, whatever the lengths (one
+    for all, none, varied); a memoryview of items wider than a byte is its bytes."""
+    if kind == "empty":
+        items: list[object] = [b""] * count
+    elif kind == "fixed":
+        items = [b"%06d" % i for i in range(count)]
+    elif kind == "varied":
+        items = [b"v" * (i % 9) for i in range(count)]
+    elif kind == "one long":
+        items = [b""] * (count - 1) + [b"L" * 100_000]
+    else:
+        items = [memoryview(np.arange(i % 3, dtype=np.int32).tobytes()).cast("i") for i in range(count)]
+    arr = np.empty(count, dtype=object)
+    arr[:] = items
+    expected = _reference_wire([bytes(x) for x in items])  # type: ignore[arg-type]
+    assert b"".join(dt.serialize_bytes_parts(arr)) == expected
+
+
+@pytest.mark.parametrize("kind", ["empty", "fixed", "varied"])
+def test_wire_bytes_parse_keeps_the_buffer_and_objects_match_a_decode(kind):
+    count = 3 * dt.FILL_SLICE // 2
+    items = ([b""] * count if kind == "empty" else [b"%07d" % i for i in range(count)] if kind == "fixed"
+             else [b"x" * (i % 13) for i in range(count)])
+    data = _reference_wire(items)
+    wire = dt.WireBytes.parse(data, count)
+    assert wire.count == count and wire.buffer.nbytes == len(data) and bytes(wire.buffer) == data
+    assert wire.width == (None if kind == "varied" else len(items[0]))
+    assert wire.objects().tolist() == items == dt.deserialize_bytes(data, count).tolist()
+
+
+@pytest.mark.parametrize(
+    "data,count,message",
+    [
+        (b"\x02\x00\x00\x00ab\x01\x00", 1, "length prefix is truncated"),
+        (b"\x02\x00\x00\x00ab\x05\x00\x00\x00xy", 2, "element is truncated"),
+        (b"\x00\x00\x00\x00" * 3, 2, "more than the 2 elements"),
+        (b"\x01\x00\x00\x00a\x00\x00\x00\x00", 3, "holds 2 elements, its shape declares 3"),
+        (b"\x00\x00\x00\x00" * 2, 3, "holds 2 elements"),
+        (b"", 1, "holds 0 elements"),
+    ],
+)
+def test_wire_bytes_parse_refuses_what_a_decode_refuses(data, count, message):
+    with pytest.raises(ValueError, match=message):
+        dt.WireBytes.parse(data, count)
+    with pytest.raises(ValueError):
+        dt.deserialize_bytes(data, count)

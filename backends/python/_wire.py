@@ -1,0 +1,125 @@
+"""BYTES inputs held in their wire form on their way through a Python model.
+
+A large BYTES input arrives as a :class:`~trident.types.WireBytesTensor` (its elements' wire
+form, no Python object per element). The model sees it as a :class:`WireInput`: a
+``pb_utils.Tensor`` whose object array (what Triton gives ``as_numpy()``) is made the first
+time the model asks for it, in the model's thread. A model that never asks (it forwards the
+tensor to a BLS call, or ignores it) costs no element object.
+
+What ``as_numpy()`` hands out is the model's to change, so it is a copy of the input's own
+array (the *pristine* one, never handed out), remembered in :data:`_HANDED`. When the model
+returns an array holding exactly the pristine array's element objects, in the same order
+(:func:`handed_wire`: the two arrays' element pointers compared, by numpy), its wire form is
+the input's, and the answer sends the input's bytes instead of serializing every element. The
+comparison is sound because the pristine array holds a reference to every original element:
+none of them can be freed and its address reused while the pristine array lives (it is held by
+the request's tensor, and the comparison is made only while it is alive), and bytes objects do
+not change.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+
+import numpy as np
+
+from trident.backends.python._pb_tensor import Tensor
+from trident.protocol.datatypes import FILL_SLICE, WireBytes, object_array
+from trident.types import WireBytesTensor
+
+#: id of (the owner of the memory of) an array handed to a model -> weak references to that owner
+#: and to the pristine array it copies
+#: (held by the request's tensor while the request lives), and their wire form; an entry goes
+#: when its array is freed
+_HANDED: dict[int, tuple[weakref.ref[np.ndarray], weakref.ref[np.ndarray], WireBytes]] = {}
+
+_ARRAY_SLOT = Tensor.__dict__["_array"]  # pb_utils.Tensor's slot for its array
+
+
+class WireInput(Tensor):
+    """A model's view of a :class:`~trident.types.WireBytesTensor` input: ``as_numpy()`` makes
+    (once) a new object array of its elements; ``shape()`` and the name need none."""
+
+    __slots__ = ("_source",)
+
+    def __init__(self, source: WireBytesTensor) -> None:  # noqa: D107 (no checks: a request input)
+        self._name = source.name
+        self._datatype = "BYTES"
+        self._source = source
+
+    @property  # type: ignore[override]
+    def _array(self) -> np.ndarray:
+        try:
+            return _ARRAY_SLOT.__get__(self, Tensor)  # type: ignore[no-any-return]
+        except AttributeError:
+            handed = hand_out(self._source)
+            _ARRAY_SLOT.__set__(self, handed)
+            return handed
+
+    @_array.setter
+    def _array(self, value: np.ndarray) -> None:
+        _ARRAY_SLOT.__set__(self, value)
+
+    def shape(self) -> list[int]:
+        return [int(d) for d in self._source.shape]
+
+    def unread(self) -> WireBytes | None:
+        """The input's wire form while the model has not asked for its array (None after)."""
+        try:
+            _ARRAY_SLOT.__get__(self, Tensor)
+        except AttributeError:
+            return self._source.wire
+        return None
+
+
+def hand_out(source: WireBytesTensor) -> np.ndarray:
+    """A new object array of ``source``'s elements for model code, remembered (while it lives)
+    as a copy of ``source``'s own array."""
+    pristine = source.data  # made once, in this thread, and kept by the tensor
+    wire = source.wire
+    handed = _copy(pristine)
+    if wire is not None and handed.size:
+        owner = _owner(handed)
+        key = id(owner)
+        _HANDED[key] = (weakref.ref(owner), weakref.ref(pristine), wire)
+        weakref.finalize(owner, _HANDED.pop, key, None)
+    return handed
+
+
+def _owner(array: np.ndarray) -> np.ndarray:
+    """The array that owns ``array``'s memory (numpy points every view at it)."""
+    base = array.base
+    return base if isinstance(base, np.ndarray) else array
+
+
+def _copy(array: np.ndarray) -> np.ndarray:
+    """A new object array of ``array``'s elements, made a slice at a time (``copy()`` is one call
+    that holds the GIL: ~100 ms for 15M elements, a stall for every other client)."""
+    flat = array.reshape(-1)
+    size = flat.size
+    if size <= FILL_SLICE:
+        return array.copy()
+    slices = (flat[start : start + FILL_SLICE].tolist() for start in range(0, size, FILL_SLICE))
+    return object_array(slices, size).reshape(array.shape)
+
+
+def handed_wire(array: np.ndarray) -> WireBytes | None:
+    """The wire form of ``array`` when it holds exactly the element objects of an array
+    :func:`hand_out` made, in the same order (the array itself, or a view of all of it in
+    order, unchanged); None otherwise. C code only (a pointer comparison)."""
+    owner = _owner(array)
+    entry = _HANDED.get(id(owner))
+    if entry is None:
+        return None
+    ref, pristine_ref, wire = entry
+    pristine = pristine_ref()
+    if ref() is not owner or pristine is None or array.dtype != object or not array.flags.c_contiguous or array.size != pristine.size:
+        return None
+    return wire if bool(np.array_equal(_pointers(array), _pointers(pristine))) else None
+
+
+def _pointers(array: np.ndarray) -> np.ndarray:
+    """The element pointers of a C-contiguous, non-empty object array (a view: keep ``array``)."""
+    memory = (ctypes.c_char * array.nbytes).from_address(array.ctypes.data)
+    return np.frombuffer(memoryview(memory).cast("B"), dtype=np.uintp)
