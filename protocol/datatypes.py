@@ -11,6 +11,7 @@ Representation in trident (documented in README "Datatypes"):
 
 from __future__ import annotations
 
+import array
 import itertools
 import math
 import struct
@@ -237,12 +238,14 @@ class WireBytes:
     unchanged never make them, and the answer carries ``buffer`` as it came.
     """
 
-    __slots__ = ("buffer", "count", "width")
+    __slots__ = ("buffer", "count", "width", "ends")
 
-    def __init__(self, buffer: memoryview, count: int, width: int | None) -> None:
+    def __init__(self, buffer: memoryview, count: int, width: int | None,
+                 ends: array.array[int] | None = None) -> None:
         self.buffer = buffer
         self.count = count
         self.width = width  # every element's length when they share one, else None
+        self.ends = ends  # (other elements) where each element ends in the buffer
 
     @classmethod
     def parse(cls, buffer: bytes | bytearray | memoryview, count: int) -> WireBytes:
@@ -257,28 +260,59 @@ class WireBytes:
                 lengths = np.ndarray((count,), dtype="<u4", buffer=view, offset=0, strides=(4 + width,))
                 if bool((lengths == width).all()):
                     return cls(view, count, width)
-        offset = 0
-        seen = 0
+        # one element per turn, its end kept (objects() cuts the elements out by C code); the
+        # walk never goes past ``count`` elements, so a body of tiny elements costs no more
+        ends = array.array("q")
+        append = ends.append
         unpack = _LEN.unpack_from
-        while offset < end:
-            if offset + 4 > end:
-                raise ValueError("BYTES element length prefix is truncated")
-            offset += 4 + unpack(view, offset)[0]
-            if offset > end:
-                raise ValueError("BYTES element is truncated")
-            seen += 1
-            if seen > count:
-                raise ValueError(f"BYTES data holds more than the {count} elements its shape declares")
-        if seen != count:
-            raise ValueError(f"BYTES data holds {seen} elements, its shape declares {count}")
-        return cls(view, count, None)
+        offset = 0
+        try:
+            for _ in range(count):
+                offset += 4 + unpack(view, offset)[0]
+                append(offset)
+        except struct.error:  # a length prefix past the end (an element before it cut short)
+            offset = -1
+        if offset != end:
+            raise ValueError(_fault(view, count))
+        return cls(view, count, None, ends)
 
     def objects(self) -> np.ndarray:
-        """The elements as a new 1-D object array of ``bytes`` (made in slices, see
-        :func:`object_array`)."""
+        """The elements as a new 1-D object array of ``bytes``, made a slice at a time (see
+        :func:`object_array`): elements of one length by one strided numpy read, others cut
+        out of a copy of their slice of the buffer by C code (``map`` of slices)."""
         if self.width is not None:
             return _fixed_width(self.buffer, self.count, self.width)
-        return deserialize_bytes(self.buffer, self.count)
+        assert self.ends is not None
+        ends = np.frombuffer(self.ends, dtype=np.int64)
+        view = self.buffer
+
+        def cut(start: int, stop: int) -> list[bytes]:
+            first = int(ends[start - 1]) if start else 0
+            piece = bytes(view[first : int(ends[stop - 1])])
+            starts = np.empty(stop - start, dtype=np.int64)
+            starts[0] = 4
+            starts[1:] = ends[start : stop - 1] - (first - 4)
+            return list(map(piece.__getitem__, map(slice, starts.tolist(), (ends[start:stop] - first).tolist())))
+
+        count = self.count
+        return object_array((cut(start, min(start + FILL_SLICE, count)) for start in range(0, count, FILL_SLICE)),
+                            count)
+
+
+def _fault(view: memoryview, count: int) -> str:
+    """What is wrong with BYTES data that does not hold ``count`` elements exactly."""
+    end = len(view)
+    offset = seen = 0
+    while offset < end:
+        if offset + 4 > end:
+            return "BYTES element length prefix is truncated"
+        offset += 4 + _LEN.unpack_from(view, offset)[0]
+        if offset > end:
+            return "BYTES element is truncated"
+        seen += 1
+        if seen > count:
+            return f"BYTES data holds more than the {count} elements its shape declares"
+    return f"BYTES data holds {seen} elements, its shape declares {count}"
 
 
 def _fixed_width(view: memoryview, count: int, width: int) -> np.ndarray:
