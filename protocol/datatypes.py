@@ -179,7 +179,7 @@ def _as_bytes(item: object) -> bytes | bytearray:
     return str(item).encode("utf-8")
 
 
-FILL_SLICE = 1 << 16  # elements put into an object array per call (~1-5 ms with the GIL held)
+FILL_SLICE = 1 << 14  # elements put into an object array (or serialized, or let go of) per call: ~1-5 ms with the GIL held
 
 
 def deserialize_bytes(buffer: bytes | bytearray | memoryview, count: int | None = None) -> np.ndarray:

@@ -11,6 +11,7 @@ inputs to the model process by reference).
 from __future__ import annotations
 
 import itertools
+import logging
 import mmap
 import os
 import sys
@@ -26,6 +27,8 @@ from trident.errors import TritonError
 from trident.protocol import datatypes
 
 ParamValue = bool | int | float | str
+
+log = logging.getLogger("trident")
 
 
 @dataclass(eq=False, slots=True)
@@ -108,23 +111,59 @@ class WireBytesTensor(Tensor):
 
 
 def release_objects(tensors: list[Tensor]) -> None:
-    """Let go of the elements of the tensors' large object arrays (BYTES) a slice of
-    ``FILL_SLICE`` at a time, where nothing but the tensor holds the array: the elements of one
-    slice are freed by one C call of a few ms, where freeing the array frees all of them in one
-    call that holds the GIL (15M elements: ~25 ms when they are one object, ~0.5 s when each is
-    its own) and stalls every other client. For a worker thread, once a request is answered:
-    the tensors' elements are None after. A WireBytesTensor's elements are not made for it."""
+    """Let go of the tensors' large object arrays (BYTES) a slice of ``FILL_SLICE`` elements at
+    a time, where nothing else can see them: freeing such an array decrefs every element in one
+    call that holds the GIL (15M elements: ~25 ms even when all are one object; ~0.5 s when each
+    is its own), a stall for every other client; numpy's ``resize`` of the array that owns the
+    memory lets go of the elements it drops, so shrinking it a slice at a time frees the same
+    in calls of a few ms. For a worker thread, once a request is answered.
+
+    Only where ``tensors`` (a list held by one object, the caller's request or response), the
+    tensor, its array and the array that owns the memory are each held once (reference counts:
+    the one holder, plus this call's own): a tensor whose array is shared (a cached answer, a
+    view a model kept) is left whole. Such a tensor's data is an empty array after. A
+    WireBytesTensor's elements are not made for this."""
+    if sys.getrefcount(tensors) > 3:  # its holder, the caller's argument, ours
+        return
     for tensor in tensors:
+        if sys.getrefcount(tensor) > 3:  # the list, the loop, ours
+            continue
         try:
             data = _TENSOR_DATA.__get__(tensor, Tensor)
         except AttributeError:  # never made
             continue
         if type(data) is not np.ndarray or data.dtype != object or data.size <= datatypes.FILL_SLICE \
-                or not data.flags.c_contiguous or sys.getrefcount(data) > 3:  # the slot, here, the argument
+                or sys.getrefcount(data) > 3:  # the slot, the local, ours
             continue
-        flat = data.reshape(-1)
-        for start in range(0, flat.size, datatypes.FILL_SLICE):
-            flat[start : start + datatypes.FILL_SLICE] = None
+        owner = data if data.base is None else data.base
+        if type(owner) is not np.ndarray or not owner.flags.owndata or not owner.flags.c_contiguous \
+                or (owner is not data and sys.getrefcount(owner) > 3):  # the view's base, the local, ours
+            continue
+        _TENSOR_DATA.__set__(tensor, _NO_OBJECTS)
+        del data
+        size = owner.size
+        while size:
+            size = max(0, size - datatypes.FILL_SLICE)
+            owner.resize(size, refcheck=False)  # decrefs the elements it drops; nothing else sees it
+
+
+_NO_OBJECTS = np.empty(0, dtype=object)
+
+
+def let_go(holder: list[Any]) -> None:
+    """Let go of a request and its response (``holder`` holds them, or None for either, and is
+    emptied), their large object arrays a slice at a time (:func:`release_objects`). For a
+    worker thread, once the request is answered. Never raises (a fault is logged: the request
+    is answered, and its objects go whole)."""
+    request, response = holder
+    holder.clear()
+    try:
+        if response is not None:
+            release_objects(response.outputs)
+        if request is not None:
+            release_objects(request.inputs)
+    except Exception:
+        log.exception("letting go of a request's objects")
 
 
 def wire_of(tensor: Tensor) -> datatypes.WireBytes | None:

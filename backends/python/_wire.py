@@ -11,16 +11,14 @@ array (the *pristine* one, never handed out), remembered in :data:`_HANDED`. Whe
 returns an array holding exactly the pristine array's element objects, in the same order
 (:func:`handed_wire`: the two arrays' element pointers compared, by numpy), its wire form is
 the input's, and the answer sends the input's bytes instead of serializing every element. The
-comparison is sound because the pristine array holds a reference to every original element:
-none of them can be freed and its address reused while the pristine array lives (it is held by
-the request's tensor, and the comparison is made only while it is alive), and bytes objects do
-not change.
+comparison is sound because the pristine array holds a reference to every original element
+(and the registry holds the pristine array): none of them can be freed and its address reused
+meanwhile, and bytes objects do not change.
 """
 
 from __future__ import annotations
 
 import ctypes
-import weakref
 
 import numpy as np
 
@@ -28,11 +26,11 @@ from trident.backends.python._pb_tensor import Tensor
 from trident.protocol.datatypes import FILL_SLICE, WireBytes, object_array
 from trident.types import WireBytesTensor
 
-#: id of (the owner of the memory of) an array handed to a model -> weak references to that owner
-#: and to the pristine array it copies
-#: (held by the request's tensor while the request lives), and their wire form; an entry goes
-#: when its array is freed
-_HANDED: dict[int, tuple[weakref.ref[np.ndarray], weakref.ref[np.ndarray], WireBytes]] = {}
+#: id of (the array owning the memory of) an array handed to a model -> that owner, the pristine
+#: array it copies and their wire form; the entry goes with the WireInput that handed the array
+#: out (its request), so it holds both arrays no longer than the model's request does (no weak
+#: references: numpy cannot shrink an array that has one, see types.release_objects)
+_HANDED: dict[int, tuple[np.ndarray, np.ndarray, WireBytes]] = {}
 
 _ARRAY_SLOT = Tensor.__dict__["_array"]  # pb_utils.Tensor's slot for its array
 
@@ -61,6 +59,13 @@ class WireInput(Tensor):
     def _array(self, value: np.ndarray) -> None:
         _ARRAY_SLOT.__set__(self, value)
 
+    def __del__(self) -> None:
+        try:
+            handed = _ARRAY_SLOT.__get__(self, Tensor)
+        except AttributeError:
+            return
+        _HANDED.pop(id(_owner(handed)), None)
+
     def shape(self) -> list[int]:
         return [int(d) for d in self._source.shape]
 
@@ -74,16 +79,14 @@ class WireInput(Tensor):
 
 
 def hand_out(source: WireBytesTensor) -> np.ndarray:
-    """A new object array of ``source``'s elements for model code, remembered (while it lives)
-    as a copy of ``source``'s own array."""
+    """A new object array of ``source``'s elements for model code, remembered (until the
+    WireInput that asks for it goes) as a copy of ``source``'s own array."""
     pristine = source.data  # made once, in this thread, and kept by the tensor
     wire = source.wire
     handed = _copy(pristine)
     if wire is not None and handed.size:
         owner = _owner(handed)
-        key = id(owner)
-        _HANDED[key] = (weakref.ref(owner), weakref.ref(pristine), wire)
-        weakref.finalize(owner, _HANDED.pop, key, None)
+        _HANDED[id(owner)] = (owner, pristine, wire)
     return handed
 
 
@@ -112,9 +115,8 @@ def handed_wire(array: np.ndarray) -> WireBytes | None:
     entry = _HANDED.get(id(owner))
     if entry is None:
         return None
-    ref, pristine_ref, wire = entry
-    pristine = pristine_ref()
-    if ref() is not owner or pristine is None or array.dtype != object or not array.flags.c_contiguous or array.size != pristine.size:
+    held, pristine, wire = entry
+    if held is not owner or array.dtype != object or not array.flags.c_contiguous or array.size != pristine.size:
         return None
     return wire if bool(np.array_equal(_pointers(array), _pointers(pristine))) else None
 

@@ -16,7 +16,8 @@ Case groups (``--cases`` takes groups and single cases, comma separated):
   ``http_json_bytes`` (~60 MiB: one BYTES input of 15M "" elements; to ``--bytes-model``, by
   default the victims' FP32 model, which refuses it), ``http_json_floats`` (12M
   floats), ``http_binary_bytes`` (~57 MiB: the same 15M "" elements as binary data, 4-byte
-  length prefixes), ``http_gzip_json`` (the 12M floats gzip-compressed: a legal body of
+  length prefixes; ``http_binary_bytes_out``: the same answered as binary data;
+  ``http_varied_bytes``: 2M elements of 0-31 bytes, ~39 MiB, answered as binary data), ``http_gzip_json`` (the 12M floats gzip-compressed: a legal body of
   ~45 MiB inflated), ``grpc_gzip_bomb`` (a compressed message inflating to 256 MiB),
   ``grpc_large_message`` (one legal ModelInfer of 15M floats from tritonclient.grpc, 60 MiB each
   way, in a process of its own), ``grpc_rapid_reset``
@@ -646,26 +647,45 @@ async def case_http_gzip_json(args, nursery) -> str:
                                                                         ("content-encoding", "gzip")], args.case_wait)
 
 
-_BINARY_BODIES: dict[tuple[int, str], tuple[bytes, int]] = {}
+_BINARY_BODIES: dict[tuple[str, int, str], tuple[bytes, int]] = {}
 
 
-def binary_bytes_body(args) -> tuple[bytes, int]:
+def binary_bytes_body(args, kind: str = "empty") -> tuple[bytes, int]:
     """The binary infer body of ``http_binary_bytes`` (15M empty BYTES elements, 4-byte length
-    prefixes: ~57 MiB) and its JSON header's length, cached like :func:`json_body`."""
-    n = max(1, int(15_000_000 * args.scale))
-    key = (n, args.input)
+    prefixes: ~57 MiB; its answer in JSON), ``http_binary_bytes_out`` (the same, its answer as
+    binary data) or ``http_varied_bytes`` (2M elements of 0-31 bytes, ~39 MiB, its answer as
+    binary data) and its JSON header's length, cached like :func:`json_body`."""
+    n = max(1, int((2_000_000 if kind == "varied" else 15_000_000) * args.scale))
+    key = (kind, n, args.input)
     if key not in _BINARY_BODIES:
+        if kind == "varied":
+            data = b"".join(struct.pack("<I", i % 32) + b"v" * (i % 32) for i in range(n))
+        else:
+            data = b"\x00\x00\x00\x00" * n
         header = (b'{"inputs":[{"name":"' + args.input.encode() + b'","shape":[' + str(n).encode()
-                  + b'],"datatype":"BYTES","parameters":{"binary_data_size":' + str(4 * n).encode() + b"}}]}")
-        _BINARY_BODIES[key] = (header + b"\x00\x00\x00\x00" * n, len(header))
+                  + b'],"datatype":"BYTES","parameters":{"binary_data_size":' + str(len(data)).encode() + b"}}]"
+                  + (b',"parameters":{"binary_data_output":true}' if kind != "empty" else b"") + b"}")
+        _BINARY_BODIES[key] = (header + data, len(header))
     return _BINARY_BODIES[key]
 
 
-async def case_http_binary_bytes(args, nursery) -> str:
-    body, header_length = binary_bytes_body(args)
+async def _post_binary_bytes(args, kind: str) -> str:
+    body, header_length = binary_bytes_body(args, kind)
     return await http_post(args, bytes_path(args), body, [("content-type", "application/octet-stream"),
                                                           ("inference-header-content-length", str(header_length))],
                            args.case_wait)
+
+
+async def case_http_binary_bytes(args, nursery) -> str:
+    return await _post_binary_bytes(args, "empty")
+
+
+async def case_http_binary_bytes_out(args, nursery) -> str:
+    return await _post_binary_bytes(args, "empty_out")
+
+
+async def case_http_varied_bytes(args, nursery) -> str:
+    return await _post_binary_bytes(args, "varied")
 
 
 async def case_grpc_gzip_bomb(args, nursery) -> str:
@@ -878,6 +898,8 @@ STALL_CASES = {
     "http_json_bytes": case_http_json_bytes,
     "http_json_floats": case_http_json_floats,
     "http_binary_bytes": case_http_binary_bytes,
+    "http_binary_bytes_out": case_http_binary_bytes_out,
+    "http_varied_bytes": case_http_varied_bytes,
     "http_gzip_json": case_http_gzip_json,
     "grpc_gzip_bomb": case_grpc_gzip_bomb,
     "grpc_large_message": case_grpc_large_message,
@@ -1215,8 +1237,10 @@ async def amain(args) -> None:
         for case, datatype in (("http_json_bytes", "BYTES"), ("http_json_floats", "FP32")):
             if case in stall:
                 json_body(args, datatype)  # likewise
-        if "http_binary_bytes" in stall:
-            binary_bytes_body(args)
+        for case, kind in (("http_binary_bytes", "empty"), ("http_binary_bytes_out", "empty_out"),
+                           ("http_varied_bytes", "varied")):
+            if case in stall:
+                binary_bytes_body(args, kind)
         if "http_gzip_json" in stall:
             gzip_json_body(args)
         await run_stall(args, emit, stall)

@@ -26,7 +26,7 @@ from trident.protocol import grpc_codec, grpc_messages
 from trident.protocol.generated import inference as pb
 from trident.protocol.generated.grpc.health import v1 as health
 from trident.restricted import GRPC_MESSAGE, Restriction, grpc_restrictions
-from trident.types import InferenceRequest, InferenceResponse, ParamValue, release_objects
+from trident.types import InferenceRequest, InferenceResponse, ParamValue, let_go
 
 if TYPE_CHECKING:
     from trident.server import RequestHandle, Server
@@ -345,7 +345,7 @@ class InferenceService:
                 holder = [request, response]
                 del request, response
                 with trio.CancelScope(shield=True):
-                    await call.run_sync(_let_go, holder)
+                    await call.run_sync(let_go, holder)
         finally:
             serving.reset(token)
 
@@ -506,16 +506,6 @@ class InferenceService:
             error_message=message,
         )
         await call.send_message(parts, size)
-
-
-def _let_go(holder: list[Any]) -> None:
-    """Let go of a request and its response (in ``holder``, emptied), their large object arrays
-    a slice at a time (types.release_objects)."""
-    request, response = holder
-    holder.clear()
-    if response is not None:
-        release_objects(response.outputs)
-    release_objects(request.inputs)
 
 
 def _shm_outputs(request: InferenceRequest) -> dict[str, dict[str, ParamValue]] | None:

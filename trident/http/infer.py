@@ -27,7 +27,7 @@ from trident.observability.logs import serving, serving_of
 from trident.observability.trace import TraceParent, parse_traceparent
 from trident.protocol import kserve
 from trident.restricted import HTTP_MESSAGE, http_restrictions
-from trident.types import InferenceRequest, InferenceResponse, release_objects
+from trident.types import InferenceRequest, InferenceResponse, let_go
 
 if TYPE_CHECKING:
     from trident.server import RequestHandle, Server
@@ -251,10 +251,10 @@ class InferExchange:
         off the loop too: they may hold millions of objects (JSON lists, BYTES elements), let go
         of a slice at a time where nothing else holds them (types.release_objects). Cancellation
         waits for it."""
-        request, response = self.heavy, self.answered
+        holder = [self.heavy, self.answered]  # held by nothing else here: the thread lets go of them
         self.heavy = self.answered = None
         with trio.CancelScope(shield=True):
-            await offload.run_sync(_let_go, [request, response])
+            await offload.run_sync(let_go, holder)
 
     def reply(self, response: InferenceResponse) -> Reply | None:
         """The answer for ``response`` (an error response's included), encoded here and now;
@@ -286,17 +286,6 @@ class InferExchange:
     def error(self, exc: Exception) -> Reply:
         """The answer for ``exc`` raised while handling the request (see :func:`error_reply`)."""
         return self.endpoint.error(exc, self.name, self.version)
-
-
-def _let_go(holder: list[Any]) -> None:
-    """Let go of a request and its response (in ``holder``, emptied), their large object arrays
-    a slice at a time."""
-    request, response = holder
-    holder.clear()
-    if response is not None:
-        release_objects(response.outputs)
-    if request is not None:
-        release_objects(request.inputs)
 
 
 def _framed(parts: Parts, json_length: int | None, encoding: str | None) -> Reply:
