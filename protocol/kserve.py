@@ -783,6 +783,7 @@ def encode_infer_response(
         if isinstance(data, np.ndarray) and data.size > _ENCODE_SLICE:
             out["data"] = f"{_LIST_MARKER}{len(long_lists)}"
             long_lists.append(data)
+    data = None  # long_lists holds them alone: _splice_lists lets go of each once it is written
     header = dumps(doc)
     pieces = _splice_lists(header, long_lists) if long_lists else [header]
     if not blobs:
@@ -846,6 +847,9 @@ def _output_nbytes(tensor: Tensor) -> int:
     return tensor.data.nbytes if isinstance(tensor.data, np.ndarray) else 0
 
 
+_WRITTEN = np.empty(0)  # an array of _splice_lists's once written
+
+
 def _splice_lists(header: bytes, lists: list[np.ndarray]) -> list[bytes]:
     """The pieces of ``header`` with each list marker replaced by its array's JSON, encoded
     slice by slice (no single encode call holds the GIL long) and gathered into pieces of about
@@ -855,13 +859,15 @@ def _splice_lists(header: bytes, lists: list[np.ndarray]) -> list[bytes]:
     batch: list[bytes] = []
     size = 0
     pos = 0
-    for i, array in enumerate(lists):
+    for i in range(len(lists)):
+        array = lists[i]
         marker = b'"\\u0000trident-list:%d"' % i  # how dumps writes _LIST_MARKER
         at = header.index(marker, pos)
         batch.append(header[pos:at])
         for start in range(0, array.size, _ENCODE_SLICE):
             part = array[start:start + _ENCODE_SLICE]
             piece = dumps(part.tolist() if part.dtype == object else part)  # b"[...]" (str of BYTES: a list)
+            del part
             batch.append(piece[:-1] if start == 0 else b"," + piece[1:-1])
             size += len(piece)
             if size >= _SPLICE_PIECE:
@@ -870,6 +876,10 @@ def _splice_lists(header: bytes, lists: list[np.ndarray]) -> list[bytes]:
                 size = 0
         batch.append(b"]")
         pos = at + len(marker)
+        if array.dtype == object:  # the str of a BYTES output, made for this encode: let go of a slice at a time
+            lists[i] = _WRITTEN
+            datatypes.shrink_away(array)
+        del array
     batch.append(header[pos:])
     pieces.append(b"".join(batch))
     return pieces
@@ -951,8 +961,15 @@ def _binary_data(datatype: str, data: np.ndarray) -> bytes | memoryview:
 
 
 def _json_strings(flat: np.ndarray) -> list[str]:
-    """BYTES elements as JSON strings (UTF-8 decoded; raises UnicodeDecodeError)."""
-    return [x.decode("utf-8") if isinstance(x, (bytes, bytearray)) else str(x) for x in flat.tolist()]
+    """BYTES elements as JSON strings (UTF-8 decoded; raises UnicodeDecodeError). Elements
+    that are all ``bytes`` (the usual) are decoded by C code (``map``)."""
+    items = flat.tolist()
+    if set(map(type, items)) <= _BYTES_TYPE:
+        return list(map(bytes.decode, items))  # UTF-8, strict
+    return [x.decode("utf-8") if isinstance(x, (bytes, bytearray)) else str(x) for x in items]
+
+
+_BYTES_TYPE = {bytes}
 
 
 def json_data(datatype: str, data: np.ndarray) -> Any:

@@ -141,10 +141,7 @@ def release_objects(tensors: list[Tensor]) -> None:
             continue
         _TENSOR_DATA.__set__(tensor, _NO_OBJECTS)
         del data
-        size = owner.size
-        while size:
-            size = max(0, size - datatypes.FILL_SLICE)
-            owner.resize(size, refcheck=False)  # decrefs the elements it drops; nothing else sees it
+        datatypes.shrink_away(owner)
 
 
 _NO_OBJECTS = np.empty(0, dtype=object)

@@ -22,6 +22,7 @@ import ctypes
 
 import numpy as np
 
+from trident import priority
 from trident.backends.python._pb_tensor import Tensor
 from trident.protocol.datatypes import FILL_SLICE, WireBytes, object_array
 from trident.types import WireBytesTensor
@@ -81,9 +82,10 @@ class WireInput(Tensor):
 def hand_out(source: WireBytesTensor) -> np.ndarray:
     """A new object array of ``source``'s elements for model code, remembered (until the
     WireInput that asks for it goes) as a copy of ``source``'s own array."""
-    pristine = source.data  # made once, in this thread, and kept by the tensor
+    with priority.in_background():  # the event loop's thread gets the core and the GIL first
+        pristine = source.data  # made once, in this thread, and kept by the tensor
+        handed = _copy(pristine)
     wire = source.wire
-    handed = _copy(pristine)
     if wire is not None and handed.size:
         owner = _owner(handed)
         _HANDED[id(owner)] = (owner, pristine, wire)

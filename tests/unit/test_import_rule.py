@@ -3,8 +3,8 @@
 Layers, lowest first (a module may import its own layer and the layers below it):
 
 0. leaf: ``trident.errors``, ``trident.types``, ``trident.options``, ``trident.observability.logs``,
-   ``trident.protocol.datatypes``, ``trident.native``, ``trident.trio_private`` (they import only
-   each other);
+   ``trident.protocol.datatypes``, ``trident.native``, ``trident.trio_private``,
+   ``trident.priority`` (they import only each other);
 1. ``trident.protocol`` (sans-IO codecs: the wire, config text, HTTP/1.1 and HTTP/2 framing);
 2. model config: ``trident.config``, ``trident.config_validation``;
 3. observability records: ``trident.observability`` ``.stats``, ``.model_metrics``, ``.trace``,
@@ -40,7 +40,7 @@ PACKAGES = {"trident": "trident", "protocol": "trident.protocol", "backends": "t
             "batching": "trident.batching", "agents": "trident.agents"}
 
 LEAF = {"trident.errors", "trident.types", "trident.options", "trident.observability.logs",
-        "trident.protocol.datatypes", "trident.native", "trident.trio_private"}
+        "trident.protocol.datatypes", "trident.native", "trident.trio_private", "trident.priority"}
 # (layer, module prefixes): the longest matching prefix places a module
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (0, (*LEAF, "trident.observability")),  # the package itself: a docstring

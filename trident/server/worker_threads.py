@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,15 +25,13 @@ from typing import TypeVar
 
 import trio
 
+from trident import priority
 from trident.errors import TritonError
 
 T = TypeVar("T")
 
-SWITCH_INTERVAL = 0.0002  # seconds: the GIL switch interval while a job runs
-LOW_PRIORITY = 19  # the nice value of a thread while it runs a job
-
-_running = 0  # jobs running (counted on the event loop's thread, so no lock)
-_saved_interval = 0.005
+SWITCH_INTERVAL = priority.SWITCH_INTERVAL  # seconds: the GIL switch interval while a job runs
+LOW_PRIORITY = priority.LOW_PRIORITY  # the nice value of a thread while it runs a job
 
 
 async def run_sync(fn: Callable[..., T], *args: object, limiter: trio.CapacityLimiter) -> T:
@@ -49,11 +46,7 @@ async def run_sync(fn: Callable[..., T], *args: object, limiter: trio.CapacityLi
     Waiting for a free thread can be cancelled; once the thread runs, cancellation takes effect
     when it returns.
     """
-    global _running, _saved_interval
-    if _running == 0:
-        _saved_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(_saved_interval, SWITCH_INTERVAL))
-    _running += 1
+    priority.enter()
     try:
         result = await trio.to_thread.run_sync(_low_priority, fn, args, limiter=limiter)
         if isinstance(result, _Refused):
@@ -65,9 +58,8 @@ async def run_sync(fn: Callable[..., T], *args: object, limiter: trio.CapacityLi
                 del error  # this frame, in the error's traceback, must not hold it: a cycle
         return result
     finally:
-        _running -= 1
-        if _running == 0:
-            sys.setswitchinterval(_saved_interval)
+        priority.leave()
+
 
 
 class _Refused:

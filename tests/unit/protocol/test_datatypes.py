@@ -207,3 +207,21 @@ def test_wire_bytes_parse_refuses_what_a_decode_refuses(data, count, message):
         dt.WireBytes.parse(data, count)
     with pytest.raises(ValueError):
         dt.deserialize_bytes(data, count)
+
+
+def test_shrink_away_lets_go_of_a_private_array_only():
+    import sys
+
+    gone = object()
+    count = dt.FILL_SLICE * 2 + 3
+    private = np.array([gone] * count, dtype=object)
+    assert dt.shrink_away(private) and private.size == 0 and sys.getrefcount(gone) == 2
+    held = np.array([gone] * count, dtype=object)
+    other = held
+    assert not dt.shrink_away(held) and other.size == count  # another reference
+    owner = np.array([gone] * count, dtype=object)
+    view = owner.reshape(1, count)
+    assert not dt.shrink_away(view) and not dt.shrink_away(owner)  # a view of it, or the view
+    small = np.array([gone] * 10, dtype=object)
+    assert not dt.shrink_away(small) and small.size == 10
+    assert not dt.shrink_away(np.zeros(count))  # not objects
