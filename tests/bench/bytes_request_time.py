@@ -11,7 +11,9 @@ Runs against an already running server whose repository has ``identity_fp32`` (F
 
 ``bytes``: ``count`` elements of ``width`` bytes (0: empty strings); ``varied``: element i has
 i % 32 bytes; ``fp32``: ``count`` floats. The answer is asked for as binary data and checked to
-end with the bytes sent. Prints one line per request: kind, count, status, seconds.
+end with the bytes sent (``--model M``: posted to M instead, a model with the same input, and
+not checked: e.g. one that answers the input's shape without reading its elements). Prints one
+line per request: kind, count, model, status, seconds.
 """
 
 from __future__ import annotations
@@ -48,9 +50,12 @@ def main() -> None:
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--width", type=int, default=0)
     parser.add_argument("--requests", type=int, default=2)
+    parser.add_argument("--model", default="", help="post to this model instead (its answer is not checked)")
     args = parser.parse_args()
     host, port = args.http.rsplit(":", 1)
     model, header, data = body(args.kind, args.count, args.width)
+    checked = not args.model
+    model = args.model or model
     for _ in range(args.requests):
         conn = http.client.HTTPConnection(host, int(port), timeout=600)
         start = time.perf_counter()
@@ -60,7 +65,8 @@ def main() -> None:
         answer = response.read()
         took = time.perf_counter() - start
         same = response.status == 200 and answer.endswith(data)
-        print(args.kind, args.count, args.width, response.status, f"{took:.3f} s", "echoed" if same else "NOT ECHOED")
+        print(args.kind, args.count, args.width, model, response.status, f"{took:.3f} s",
+              ("echoed" if same else "NOT ECHOED") if checked else "")
         conn.close()
 
 

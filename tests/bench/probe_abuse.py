@@ -20,7 +20,8 @@ Case groups (``--cases`` takes groups and single cases, comma separated):
   ``http_varied_bytes``: 2M elements of 0-31 bytes, ~39 MiB, answered as binary data), ``http_gzip_json`` (the 12M floats gzip-compressed: a legal body of
   ~45 MiB inflated), ``grpc_gzip_bomb`` (a compressed message inflating to 256 MiB),
   ``grpc_large_message`` (one legal ModelInfer of 15M floats from tritonclient.grpc, 60 MiB each
-  way, in a process of its own), ``grpc_rapid_reset``
+  way, in a process of its own), ``grpc_varied_bytes`` (the same client sending 2M BYTES elements
+  of 0-31 bytes to ``--bytes-model``), ``grpc_rapid_reset``
   (HEADERS+DATA+RST_STREAM x 20,000 on one connection), ``settings_flood``, ``ping_flood``,
   ``empty_data_flood`` (100k frames each), ``continuation_flood`` (HEADERS without END_HEADERS,
   then CONTINUATION frames of 16 KiB, 64 MiB in all), ``huffman_header_flood`` (20 ModelInfer
@@ -705,16 +706,19 @@ async def case_grpc_gzip_bomb(args, nursery) -> str:
 _GRPC_LARGE_CLIENT = """
 import os, sys, numpy as np, tritonclient.grpc as g
 os.nice(19)  # the victims, on the same core, come first
-url, model, name, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-values = np.arange(n, dtype=np.float32)
+url, model, name, n, datatype = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+if datatype == "BYTES":  # elements of 0-31 bytes
+    values = np.array([b"v" * (i % 32) for i in range(n)], dtype=object)
+else:
+    values = np.arange(n, dtype=np.float32)
 options = [("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)]
 client = g.InferenceServerClient(url, channel_args=options)
-item = g.InferInput(name, [n], "FP32")
+item = g.InferInput(name, [n], datatype)
 item.set_data_from_numpy(values)
 try:
     result = client.infer(model, [item])
     out = result.as_numpy(result.get_response().outputs[0].name)
-    print("OK" if np.array_equal(out.reshape(-1), values) else "WRONG ANSWER")
+    print("OK" if out.reshape(-1).tolist() == values.tolist() else "WRONG ANSWER")
 except Exception as e:
     print("error:", str(e)[:160])
 """
@@ -723,10 +727,19 @@ except Exception as e:
 async def case_grpc_large_message(args, nursery) -> str:
     """One legal ModelInfer of 15M floats (60 MiB each way) from tritonclient.grpc, in a process
     of its own (so its work does not share the probe's GIL with the victims)."""
-    n = max(1, int(15_000_000 * args.scale))
+    return await _grpc_client_case(args, args.model, max(1, int(15_000_000 * args.scale)), "FP32")
+
+
+async def case_grpc_varied_bytes(args, nursery) -> str:
+    """One legal ModelInfer of 2M BYTES elements of 0-31 bytes (~39 MiB) from tritonclient.grpc
+    to ``--bytes-model``, in a process of its own."""
+    return await _grpc_client_case(args, args.bytes_model or args.model, max(1, int(2_000_000 * args.scale)), "BYTES")
+
+
+async def _grpc_client_case(args, model: str, n: int, datatype: str) -> str:
     with trio.move_on_after(args.case_wait):
-        done = await trio.run_process([sys.executable, "-c", _GRPC_LARGE_CLIENT, args.grpc, args.model, args.input,
-                                       str(n)], capture_stdout=True, capture_stderr=True, check=False)
+        done = await trio.run_process([sys.executable, "-c", _GRPC_LARGE_CLIENT, args.grpc, model, args.input,
+                                       str(n), datatype], capture_stdout=True, capture_stderr=True, check=False)
         return "tritonclient.grpc: " + done.stdout.decode(errors="replace").strip()[:200]
     return "nothing (held)"
 
@@ -903,6 +916,7 @@ STALL_CASES = {
     "http_gzip_json": case_http_gzip_json,
     "grpc_gzip_bomb": case_grpc_gzip_bomb,
     "grpc_large_message": case_grpc_large_message,
+    "grpc_varied_bytes": case_grpc_varied_bytes,
     "grpc_rapid_reset": case_grpc_rapid_reset,
     "settings_flood": case_settings_flood,
     "ping_flood": case_ping_flood,
