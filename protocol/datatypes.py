@@ -197,12 +197,9 @@ def deserialize_bytes(buffer: bytes | bytearray | memoryview, count: int | None 
     """
     view = memoryview(buffer).cast("B")
     end = len(view)
-    if count and end >= 4:
-        (width,) = _LEN.unpack_from(view, 0)
-        if count * (4 + width) == end:
-            lengths = np.ndarray((count,), dtype="<u4", buffer=view, offset=0, strides=(4 + width,))
-            if bool((lengths == width).all()):
-                return _fixed_width(view, count, width)
+    width = _one_width(view, count) if count else None
+    if width is not None:
+        return _fixed_width(view, count, width)  # type: ignore[arg-type]  # count is given
     items: list[bytes] = []
     offset = 0
     unpack = _LEN.unpack_from
@@ -255,12 +252,9 @@ class WireBytes:
         per element). Raises ValueError as :func:`deserialize_bytes` does."""
         view = memoryview(buffer).cast("B")
         end = len(view)
-        if count and end >= 4:
-            (width,) = _LEN.unpack_from(view, 0)
-            if count * (4 + width) == end:
-                lengths = np.ndarray((count,), dtype="<u4", buffer=view, offset=0, strides=(4 + width,))
-                if bool((lengths == width).all()):
-                    return cls(view, count, width)
+        width = _one_width(view, count)
+        if width is not None:
+            return cls(view, count, width)
         # one element per turn, its end kept (objects() cuts the elements out by C code); the
         # walk never goes past ``count`` elements, so a body of tiny elements costs no more
         ends = array.array("q")
@@ -298,6 +292,18 @@ class WireBytes:
         count = self.count
         return object_array((cut(start, min(start + FILL_SLICE, count)) for start in range(0, count, FILL_SLICE)),
                             count)
+
+
+def _one_width(view: memoryview, count: int) -> int | None:
+    """The length every one of ``count`` elements in ``view`` has, when they share one and fill
+    it exactly (one strided numpy read of the length prefixes); None otherwise."""
+    if count <= 0 or len(view) < 4:
+        return None
+    (width,) = _LEN.unpack_from(view, 0)
+    if count * (4 + width) != len(view):
+        return None
+    lengths = np.ndarray((count,), dtype="<u4", buffer=view, offset=0, strides=(4 + width,))
+    return int(width) if bool((lengths == width).all()) else None
 
 
 def _fault(view: memoryview, count: int) -> str:

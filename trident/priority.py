@@ -52,23 +52,34 @@ def in_background() -> Iterator[None]:
     can be raised again after (root or CAP_SYS_NICE; elsewhere it keeps its own, since a model's
     thread must not stay low for the rest of its life). Raises nothing of its own."""
     enter()
-    tid = threading.get_native_id()
-    before = None
-    if _can_restore():
-        try:
-            before = os.getpriority(os.PRIO_PROCESS, tid)
-            os.setpriority(os.PRIO_PROCESS, tid, LOW_PRIORITY)
-        except OSError:
-            before = None
+    before = lower() if _can_restore() else None
     try:
         yield
     finally:
-        if before is not None and before != LOW_PRIORITY:
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, before)
-            except OSError:
-                pass
+        restore(before)
         leave()
+
+
+def lower() -> int | None:
+    """This thread at ``LOW_PRIORITY``: the priority it had (for :func:`restore`), or None where
+    it cannot be changed (not Linux, not allowed)."""
+    try:
+        tid = threading.get_native_id()
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, LOW_PRIORITY)
+    except (OSError, AttributeError):
+        return None
+    return before
+
+
+def restore(before: int | None) -> None:
+    """This thread back at ``before`` (what :func:`lower` returned), where the process may raise
+    it again (root or CAP_SYS_NICE); elsewhere it stays low."""
+    if before is not None and before != LOW_PRIORITY:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), before)
+        except OSError:
+            pass
 
 
 @functools.cache

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -77,23 +76,14 @@ def _low_priority(fn: Callable[..., T], args: tuple[object, ...]) -> T | _Refuse
     the two otherwise share it in equal slices). The priority is restored afterwards where
     the process may raise it again (root or CAP_SYS_NICE); elsewhere the cached thread stays
     low, which suits the background work trio's threads do."""
-    tid = threading.get_native_id()
-    try:
-        before = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, LOW_PRIORITY)
-    except (OSError, AttributeError):  # not Linux, or not allowed
-        before = None
+    before = priority.lower()
     try:
         return fn(*args)
     except TritonError as e:  # handed back bare: no frames, no chained exception
         e.__traceback__ = e.__context__ = e.__cause__ = None
         return _Refused(e)
     finally:
-        if before is not None and before != LOW_PRIORITY:
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, before)
-            except OSError:
-                pass
+        priority.restore(before)
 
 
 log = logging.getLogger("trident.threads")
