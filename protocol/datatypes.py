@@ -15,7 +15,6 @@ import array
 import itertools
 import math
 import struct
-import sys
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -353,20 +352,20 @@ def object_array(chunks: Iterable[Sequence[object] | np.ndarray], count: int) ->
     return np.fromiter(itertools.chain.from_iterable(chunks), dtype=object, count=count)
 
 
-def shrink_away(array: np.ndarray) -> bool:
-    """Let go of the elements of an object array that nothing else holds (no other reference,
-    no view: checked by its reference count, which must be the caller's one) a slice of
-    ``FILL_SLICE`` at a time: numpy's ``resize`` drops the elements it cuts, where freeing the
-    array drops them all in one call that holds the GIL (15M elements: ~25 ms even when they are
-    one object). The array is empty after. Whether it was done (an array held elsewhere, a view,
-    or a small one is left as it is)."""
-    if array.dtype != object or array.size <= FILL_SLICE or not array.flags.owndata \
-            or not array.flags.c_contiguous or sys.getrefcount(array) > 3:  # the caller's, ours, the argument
+def shrink(array: np.ndarray) -> bool:
+    """Let go of the elements of an object array a slice of ``FILL_SLICE`` at a time: numpy's
+    ``resize`` drops the elements it cuts, where freeing the array drops them all in one call
+    that holds the GIL (15M elements: ~25 ms even when they are one object). The caller
+    guarantees that nothing else holds the array or a view of it (it made the array, or counted
+    the references in interpreted code: counts differ where this module is compiled). The array
+    is empty after. Whether it was done (a view, a small array or one of another dtype is left
+    as it is)."""
+    if array.dtype != object or array.size <= FILL_SLICE or not array.flags.owndata or not array.flags.c_contiguous:
         return False
     size = array.size
     while size:
         size = max(0, size - FILL_SLICE)
-        array.resize(size, refcheck=False)  # nothing else sees it: checked above
+        array.resize(size, refcheck=False)  # nothing else sees it: the caller's guarantee
     return True
 
 

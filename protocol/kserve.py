@@ -876,9 +876,9 @@ def _splice_lists(header: bytes, lists: list[np.ndarray]) -> list[bytes]:
                 size = 0
         batch.append(b"]")
         pos = at + len(marker)
-        if array.dtype == object:  # the str of a BYTES output, made for this encode: let go of a slice at a time
+        if array.dtype == object:  # the str of a BYTES output json_data made for this encode: ours alone
             lists[i] = _WRITTEN
-            datatypes.shrink_away(array)
+            datatypes.shrink(array)
         del array
     batch.append(header[pos:])
     pieces.append(b"".join(batch))

@@ -209,19 +209,15 @@ def test_wire_bytes_parse_refuses_what_a_decode_refuses(data, count, message):
         dt.deserialize_bytes(data, count)
 
 
-def test_shrink_away_lets_go_of_a_private_array_only():
+def test_shrink_lets_go_of_the_elements_a_slice_at_a_time():
     import sys
 
     gone = object()
     count = dt.FILL_SLICE * 2 + 3
     private = np.array([gone] * count, dtype=object)
-    assert dt.shrink_away(private) and private.size == 0 and sys.getrefcount(gone) == 2
-    held = np.array([gone] * count, dtype=object)
-    other = held
-    assert not dt.shrink_away(held) and other.size == count  # another reference
+    assert dt.shrink(private) and private.size == 0 and sys.getrefcount(gone) == 2
     owner = np.array([gone] * count, dtype=object)
-    view = owner.reshape(1, count)
-    assert not dt.shrink_away(view) and not dt.shrink_away(owner)  # a view of it, or the view
+    assert not dt.shrink(owner.reshape(1, count))  # a view: not its memory to let go of
     small = np.array([gone] * 10, dtype=object)
-    assert not dt.shrink_away(small) and small.size == 10
-    assert not dt.shrink_away(np.zeros(count))  # not objects
+    assert not dt.shrink(small) and small.size == 10
+    assert not dt.shrink(np.zeros(count))  # not objects
