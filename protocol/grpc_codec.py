@@ -38,7 +38,6 @@ from trident.protocol.kserve import (
     InputCheck,
     ShmLookup,
     ShmOutputLookup,
-    serializes_many,
     shm_array,
     shm_parameters,
     without_shm_parameters,
@@ -794,14 +793,15 @@ def _parameters(tag: bytes, parameters: dict[str, ParamValue]) -> bytes:
     return b"".join(out)
 
 
-def _raw(data: np.ndarray | WireBytes, datatype: str) -> tuple[Parts, int]:
+def _raw(tensor: Tensor) -> tuple[Parts, int]:
     """An output tensor's raw bytes as parts that view the array (BYTES: length-prefixed)."""
-    if isinstance(data, WireBytes):  # an input's elements returned as they came
-        return [data.buffer], data.buffer.nbytes
-    if datatype == "BYTES":  # in parts of datatypes.FILL_SLICE elements, each made by C code
-        pieces = datatypes.serialize_bytes_parts(data)
-        return list(pieces), sum(map(len, pieces))
-    array = np.ascontiguousarray(data)
+    wire = wire_of(tensor)
+    if wire is not None:  # an input's elements returned as they came
+        return [wire.buffer], wire.buffer.nbytes
+    if tensor.datatype == "BYTES":  # in parts of datatypes.FILL_SLICE elements, each made by C code
+        pieces: Parts = datatypes.serialize_bytes_parts(tensor.data)
+        return pieces, sum(map(len, pieces))
+    array = np.ascontiguousarray(tensor.data)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     flat = array.reshape(-1).view(np.uint8)
@@ -830,12 +830,6 @@ def _output_metadata(tensor: Tensor, parameters: bytes = b"") -> bytes:
         body += b"\x1a" + _uvarint(len(shape)) + shape
     body += parameters
     return b"\x2a" + _uvarint(len(body)) + body
-
-
-def encode_is_large(response: InferenceResponse) -> bool:
-    """Whether :func:`encode_model_infer_response` may take long for ``response`` (BYTES
-    elements to serialize, see kserve.serializes_many), so a caller moves it off its loop."""
-    return bool(response.outputs) and serializes_many(response)
 
 
 def encode_model_infer_response(
@@ -876,8 +870,7 @@ def encode_model_infer_response(
             write_shm_output(tensor, shm_outputs[tensor.name], shm)
             raws.append(([], 0))
         else:
-            wire = wire_of(tensor)
-            raws.append(_raw(tensor.data if wire is None else wire, tensor.datatype))
+            raws.append(_raw(tensor))
     first = b"".join(head)
     parts: Parts = [first]
     size = len(first)

@@ -25,6 +25,7 @@ from trident.observability.trace import TraceParent, parse_traceparent
 from trident.protocol import grpc_codec, grpc_messages
 from trident.protocol.generated import inference as pb
 from trident.protocol.generated.grpc.health import v1 as health
+from trident.protocol.kserve import serializes_many
 from trident.restricted import GRPC_MESSAGE, Restriction, grpc_restrictions
 from trident.types import InferenceRequest, InferenceResponse, ParamValue, let_go
 
@@ -338,9 +339,7 @@ class InferenceService:
             try:
                 response = await handle.wait()
                 del handle
-                if grpc_codec.encode_is_large(response):
-                    return await self._encode_off_loop(call, response, shm_outputs)
-                return self._encode(call, response, shm_outputs)
+                return await self._encoded(call, response, shm_outputs)
             finally:
                 holder = [request, response]
                 del request, response
@@ -369,10 +368,7 @@ class InferenceService:
             shm_outputs = self._check_shm_outputs(request)
             handle = self.server.start(request, endpoint="ModelInfer RPC")
             if handle.response is not None:
-                if grpc_codec.encode_is_large(handle.response):
-                    call.run(self._encode_off_loop(call, handle.response, shm_outputs))
-                else:
-                    call.answer(*self._encode(call, handle.response, shm_outputs))  # type: ignore[arg-type]
+                self._answer(call, handle.response, shm_outputs)
             elif call.may_answer_later and handle.on_final(lambda response: self._answer(call, response, shm_outputs)):
                 call.answer_later(handle.cancel)  # queued: answered by whoever delivers the response
             else:
@@ -381,12 +377,13 @@ class InferenceService:
             serving.reset(token)
 
     def _answer(self, call: Call, response: InferenceResponse, shm_outputs: dict[str, Any] | None) -> None:
-        """Answer a call queued by :meth:`model_infer_now` with its final response."""
+        """Answer a call of :meth:`model_infer_now` with its final response, here or (a large
+        encode) from the call's task."""
         if response.error is not None:
             call.fail(response.error)
             return
-        if grpc_codec.encode_is_large(response):
-            call.run(self._encode_off_loop(call, response, shm_outputs))
+        if serializes_many(response):
+            call.run(self._encoded(call, response, shm_outputs))
             return
         try:
             parts, size = self._encode(call, response, shm_outputs)
@@ -400,16 +397,15 @@ class InferenceService:
         """The reply of a request that did not run at once, awaited in the call's task (its
         cancellation cancels the request; a large encode runs in a worker thread). Raises the
         request's TritonError."""
-        response = await handle.wait()
-        if grpc_codec.encode_is_large(response):
-            return await self._encode_off_loop(call, response, shm_outputs)
-        return self._encode(call, response, shm_outputs)
+        return await self._encoded(call, await handle.wait(), shm_outputs)
 
-    async def _encode_off_loop(self, call: Call, response: InferenceResponse,
-                               shm_outputs: dict[str, Any] | None) -> tuple[list[Any], int]:
-        """:meth:`_encode` in a worker thread (a large encode: see grpc_codec.encode_is_large),
-        for the call's task. Raises as :meth:`_encode`."""
-        return await call.run_sync(self._encode, call, response, shm_outputs)  # type: ignore[no-any-return]
+    async def _encoded(self, call: Call, response: InferenceResponse,
+                       shm_outputs: dict[str, Any] | None) -> tuple[list[Any], int]:
+        """:meth:`_encode` for the call's task: in a worker thread when it is large (BYTES
+        elements to serialize: kserve.serializes_many). Raises as :meth:`_encode`."""
+        if serializes_many(response):
+            return await call.run_sync(self._encode, call, response, shm_outputs)  # type: ignore[no-any-return]
+        return self._encode(call, response, shm_outputs)
 
     async def _reply_in_context(self, call: Call, handle: RequestHandle, shm_outputs: dict[str, Any] | None,
                                 request: InferenceRequest) -> tuple[list[Any], int]:
