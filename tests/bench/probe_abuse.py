@@ -935,9 +935,10 @@ async def run_stall(args, emit, case_names: list[str]) -> None:
         huffman_literal(_huffman_flood_size(args)[1])  # before the victims run: it takes a while
     async with trio.open_nursery() as nursery:
         nursery.start_soon(victims.run, stop)
+        base_start = time.monotonic()
         await trio.sleep(args.baseline_secs)
         base = list(victims.samples)
-        emit({"case": "baseline", "group": "stall", "secs": args.baseline_secs,
+        emit({"case": "baseline", "group": "stall", "start": round(base_start, 4), "secs": args.baseline_secs,
               "http": latency_stats(base, "http"), "grpc": latency_stats(base, "grpc"), "rss_mib": _r(rss_mib(args.pid))})
         for name in case_names:
             await trio.sleep(args.settle_secs)
@@ -953,9 +954,12 @@ async def run_stall(args, emit, case_names: list[str]) -> None:
             secs = time.monotonic() - start
             await trio.sleep(0.5)  # the victims' requests in flight at the end
             during = [s for s in victims.samples[mark:] if s.t <= start + secs + 0.5]
-            emit({"case": name, "group": "stall", "secs": round(secs, 2), "got": got,
+            slow = [{"t": round(s.t, 4), "ms": round(s.latency * 1000, 1), "proto": s.proto}
+                    for s in during if s.latency * 1000 >= args.slow_ms] if args.slow_ms > 0 else []
+            emit({"case": name, "group": "stall", "start": round(start, 4), "secs": round(secs, 2), "got": got,
                   "http": latency_stats(during, "http"), "grpc": latency_stats(during, "grpc"),
-                  "rss_before_mib": _r(before), "rss_after_mib": _r(rss_mib(args.pid))})
+                  "rss_before_mib": _r(before), "rss_after_mib": _r(rss_mib(args.pid)),
+                  **({"slow": slow} if args.slow_ms > 0 else {})})
         stop.set()
 
 
@@ -1287,6 +1291,9 @@ def main() -> None:
     parser.add_argument("--input", default="INPUT0")
     parser.add_argument("--bytes-model", default="",
                         help="the model of the BYTES cases (its input --input, BYTES [-1]); default: --model")
+    parser.add_argument("--slow-ms", type=float, default=0.0,
+                        help="list each victim request of a stall case at least this slow (its start on the "
+                             "system's monotonic clock, to set against a server-side trace); 0: none")
     parser.add_argument("--out", default="probe_abuse.jsonl", help="JSON lines, appended")
     parser.add_argument("--label", default="", help="a name for this run in the JSON lines (e.g. old / new)")
     args = parser.parse_args()
