@@ -156,12 +156,42 @@ def let_go(holder: list[Any]) -> None:
     request, response = holder
     holder.clear()
     try:
+        if response is not None and request is not None:
+            _unshare(request.inputs, response.outputs)
         if response is not None:
             release_objects(response.outputs)
         if request is not None:
             release_objects(request.inputs)
     except Exception:
         log.exception("letting go of a request's objects")
+
+
+def _unshare(inputs: list[Tensor], outputs: list[Tensor]) -> None:
+    """Inputs whose large object array is also an output's (a model that answers with its
+    input's array) let go of it, where nothing else can see them (counted as in
+    :func:`release_objects`), so that the output's tensor holds it alone and
+    :func:`release_objects` can let go of its elements a slice at a time."""
+    if sys.getrefcount(inputs) > 3:  # its holder, the caller's argument, ours
+        return
+    answered: set[int] = set()
+    for tensor in outputs:
+        try:
+            data = _TENSOR_DATA.__get__(tensor, Tensor)
+        except AttributeError:  # never made (a WireBytesTensor's)
+            continue
+        if type(data) is np.ndarray and data.dtype == object and data.size > datatypes.FILL_SLICE:
+            answered.add(id(data))
+    if not answered:
+        return
+    for tensor in inputs:
+        if sys.getrefcount(tensor) > 3:  # the list, the loop, ours
+            continue
+        try:
+            data = _TENSOR_DATA.__get__(tensor, Tensor)
+        except AttributeError:  # never made
+            continue
+        if id(data) in answered:
+            _TENSOR_DATA.__set__(tensor, _NO_OBJECTS)
 
 
 def wire_of(tensor: Tensor) -> datatypes.WireBytes | None:

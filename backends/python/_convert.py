@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from trident import priority
 from trident.backends.python import _cuda, _wire, pb_utils
 from trident.backends.python._dlpack import KDL_CUDA, DeviceBuffer, DeviceView
 from trident.backends.python._pb_tensor import DeviceTensor
@@ -49,22 +50,23 @@ _BYTES_ONLY = {bytes}
 
 
 def bytes_array(array: np.ndarray) -> np.ndarray:
-    """``array`` as an object array of bytes (str is UTF-8 encoded, other objects via str())."""
-    if array.dtype == object:
-        flat = array.reshape(-1)
-        # checked a slice at a time by C code (a Python loop over 15M elements took ~1 s)
-        if all(set(map(type, flat[start : start + datatypes.FILL_SLICE].tolist())) <= _BYTES_ONLY
-               for start in range(0, flat.size, datatypes.FILL_SLICE)):
-            return array
-        items = flat.tolist()
-    else:  # 'S' or 'U'
-        items = array.reshape(-1).tolist()
-    out = np.empty(len(items), dtype=object)
-    out[:] = [
-        x if isinstance(x, bytes) else x.encode("utf-8") if isinstance(x, str) else str(x).encode("utf-8")
-        for x in items
-    ]
-    return out.reshape(array.shape)
+    """``array`` as an object array of bytes (str is UTF-8 encoded, other objects via str()).
+    A large one is checked and converted a slice at a time by C code (a Python loop over 15M
+    elements took ~1 s; one ``tolist`` of them holds the GIL ~100 ms)."""
+    flat = array.reshape(-1)
+    size = flat.size
+    if array.dtype == object and all(
+            set(map(type, flat[start : start + datatypes.FILL_SLICE].tolist())) <= _BYTES_ONLY
+            for start in range(0, size, datatypes.FILL_SLICE)):
+        return array
+    slices = (_encoded(flat[start : start + datatypes.FILL_SLICE].tolist())
+              for start in range(0, size, datatypes.FILL_SLICE))
+    return datatypes.object_array(slices, size).reshape(array.shape)
+
+
+def _encoded(items: list[Any]) -> list[bytes]:
+    return [x if isinstance(x, bytes) else x.encode("utf-8") if isinstance(x, str) else str(x).encode("utf-8")
+            for x in items]
 
 
 def to_tensor(t: pb_utils.Tensor, keep_device: bool = False) -> Tensor:
@@ -77,15 +79,22 @@ def to_tensor(t: pb_utils.Tensor, keep_device: bool = False) -> Tensor:
         if wire is not None:  # a request input passed on unread (a BLS call's input, most often)
             return WireBytesTensor(t._name, tuple(t.shape()), wire)
         array = t._array
-        wire = _wire.handed_wire(array)
-        if wire is not None:  # an input's array returned unchanged: its wire form is the answer's
-            return WireBytesTensor(t._name, array.shape, wire, data=array)
-        array = bytes_array(array)
-        return Tensor(t._name, datatype, array.shape, array)
+        if array.size <= datatypes.FILL_SLICE:
+            return _bytes_tensor(t._name, array)
+        with priority.in_background():  # the model's thread: the event loop's thread comes first
+            return _bytes_tensor(t._name, array)
     array = t._array  # not as_numpy(): BF16 travels as its uint16 bit patterns
     if type(array) is DeviceView and not keep_device:
         array = t._host_copy()  # type: ignore[attr-defined]  # a DeviceTensor's
     return Tensor(t._name, datatype, array.shape, array)  # numpy shapes are tuples of ints
+
+
+def _bytes_tensor(name: str, array: np.ndarray) -> Tensor:
+    wire = _wire.handed_wire(array)
+    if wire is not None:  # an input's array returned unchanged: its wire form is the answer's
+        return WireBytesTensor(name, array.shape, wire, data=array)
+    array = bytes_array(array)
+    return Tensor(name, "BYTES", array.shape, array)
 
 
 def to_pb_tensor(t: Tensor) -> pb_utils.Tensor:

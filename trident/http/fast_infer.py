@@ -22,10 +22,10 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import trio
 
 from trident.errors import TritonError
+from trident.http import offload
 from trident.http.infer import JSON, Disconnected, HTTPError, InferExchange, too_large
 from trident.http.limits import BODY_RECEIVE_SIZE, DEFER_BYTES, DRAIN_LIMIT, MIN_BODY_RATE, RECEIVE_SIZE
 from trident.http.watch import DisconnectWatch
@@ -231,7 +231,7 @@ class FastInfer:
                         # bytearray would be moved whole by realloc each time it outgrew its
                         # place in the heap (glibc serves up to the 32 MiB mmap threshold from
                         # it), tens of ms of copying on the event loop for a large body
-                        store = np.empty(length, dtype=np.uint8).data
+                        store = await offload.body_buffer(length)
                         store[: len(chunk)] = chunk
                         filled = len(chunk)
                         continue

@@ -38,7 +38,10 @@ def test_elements_are_made_once_and_only_when_read():
     assert wire_of(tensor) is None and tensor.data.tolist() == [b"other"]
 
 
-def test_the_model_gets_a_copy_and_an_unchanged_return_is_the_wire_form():
+@pytest.mark.parametrize("compare_slice", [None, 1000])
+def test_the_model_gets_a_copy_and_an_unchanged_return_is_the_wire_form(compare_slice, monkeypatch):
+    if compare_slice is not None:
+        monkeypatch.setattr(_wire, "_COMPARE_SLICE", compare_slice)
     source = wire_tensor(items_of())
     model_view = _convert.to_input_tensor(source, False)
     assert isinstance(model_view, pb_utils.Tensor) and model_view.shape() == [COUNT]
@@ -52,8 +55,11 @@ def test_the_model_gets_a_copy_and_an_unchanged_return_is_the_wire_form():
     assert wire_of(reshaped) is source.wire and reshaped.shape == (1, COUNT)
 
 
+@pytest.mark.parametrize("compare_slice", [None, 1000])  # pointers compared whole, or a slice at a time
 @pytest.mark.parametrize("change", ["replace one", "same bytes, new object", "copy", "slice", "str in place"])
-def test_a_changed_return_is_serialized(change):
+def test_a_changed_return_is_serialized(change, compare_slice, monkeypatch):
+    if compare_slice is not None:
+        monkeypatch.setattr(_wire, "_COMPARE_SLICE", compare_slice)
     source = wire_tensor(items_of())
     view = _convert.to_input_tensor(source, False)  # held, as the model's request holds it
     handed = view.as_numpy()
@@ -181,3 +187,26 @@ def test_let_go_empties_its_holder_and_never_raises(caplog):
     holder = [None, None]
     let_go(holder)
     assert holder == []
+
+
+def test_let_go_releases_an_array_the_answer_shares_with_the_request():
+    """A model that answers with its input's array (an identity): the request's tensor lets go
+    of it, and the answer's tensor then lets go of its elements a slice at a time (both tensors
+    are left with an empty array); an array something else still holds is left whole."""
+    from trident.types import InferenceRequest, InferenceResponse, let_go
+
+    gone = object()
+    array = np.array([gone] * COUNT, dtype=object)
+    request = InferenceRequest(model_name="m", inputs=[Tensor("INPUT0", "BYTES", (COUNT,), array)])
+    response = InferenceResponse(outputs=[Tensor("OUTPUT0", "BYTES", (COUNT,), array)])
+    del array
+    assert sys.getrefcount(gone) == COUNT + 2
+    let_go([request, response])
+    assert sys.getrefcount(gone) == 2  # while the request and the response are still here
+    assert request.inputs[0].data.size == response.outputs[0].data.size == 0
+
+    kept = np.array([gone] * COUNT, dtype=object)  # held by the caller as well: left whole
+    request = InferenceRequest(model_name="m", inputs=[Tensor("INPUT0", "BYTES", (COUNT,), kept)])
+    response = InferenceResponse(outputs=[Tensor("OUTPUT0", "BYTES", (COUNT,), kept)])
+    let_go([request, response])
+    assert sys.getrefcount(gone) == COUNT + 2 and response.outputs[0].data is kept and kept.size == COUNT
