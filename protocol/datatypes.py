@@ -179,7 +179,12 @@ def _as_bytes(item: object) -> bytes | bytearray:
     return str(item).encode("utf-8")
 
 
-FILL_SLICE = 1 << 14  # elements put into an object array (or serialized, or let go of) per call: ~1-5 ms with the GIL held
+#: elements put into an object array (or serialized, or let go of) per call with the GIL held:
+#: ~0.3-1 ms each on a VM whose first touch of a page is slow (16k elements held it 5-8 ms at a
+#: time: making the elements touches fresh interpreter memory); smaller slices cost no more
+FILL_SLICE = 1 << 12
+#: BYTES elements from which serializing an output leaves the event loop (~5 ms and up)
+SERIALIZE_MANY = 1 << 14
 
 
 def deserialize_bytes(buffer: bytes | bytearray | memoryview, count: int | None = None) -> np.ndarray:

@@ -824,18 +824,18 @@ def response_is_large(response: InferenceResponse, requested: Sequence[Requested
 
 
 def serializes_many(response: InferenceResponse) -> bool:
-    """Whether ``response`` has a BYTES output of ``FILL_SLICE`` elements or more to serialize
-    (not one sent in its wire form): ~5 ms and up of C code, in parts."""
+    """Whether ``response`` has a BYTES output of ``SERIALIZE_MANY`` elements or more to
+    serialize (not one sent in its wire form): ~5 ms and up of C code, in parts."""
     for t in response.outputs:
         if t.datatype == "BYTES" and wire_of(t) is None and isinstance(t.data, np.ndarray) \
-                and t.data.size >= datatypes.FILL_SLICE:
+                and t.data.size >= datatypes.SERIALIZE_MANY:
             return True
     return False
 
 
 #: the output bytes under which no encode is large (an object array weighs 8 bytes an element,
-#: so a BYTES output of FILL_SLICE elements is weighed)
-_WEIGHED = min(LARGE_JSON, 8 * datatypes.FILL_SLICE)
+#: so a BYTES output of SERIALIZE_MANY elements is weighed)
+_WEIGHED = min(LARGE_JSON, 8 * datatypes.SERIALIZE_MANY)
 
 
 def _output_nbytes(tensor: Tensor) -> int:
