@@ -4,7 +4,11 @@ Not collected by pytest. Runs against an already running server, on 127.0.0.1 on
 
     python tests/bench/probe_abuse.py --http 127.0.0.1:8000 --grpc 127.0.0.1:8001 --pid PID \\
         [--cases stall,pinned,soak,hold | a,b,...] [--scale 1.0] [--soak-secs 300] \\
-        [--hold-cap-secs 180] [--out probe.jsonl] [--label NAME]
+        [--hold-cap-secs 180] [--out probe.jsonl] [--label NAME] [--slow-ms 8]
+
+``--slow-ms`` lists each victim request of a stall case at least that slow with its start on the
+system's monotonic clock (the stall records carry their cases' starts too), to set against a
+trace of the server taken meanwhile.
 
 Case groups (``--cases`` takes groups and single cases, comma separated):
 

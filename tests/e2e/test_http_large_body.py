@@ -130,6 +130,26 @@ def test_a_large_body_cut_short_leaves_the_server_serving(server):
 
 
 
+def test_a_body_past_the_mapped_size_is_received_whole_or_cut_short_harmlessly(server):
+    """From offload.MAPPED_BUFFER bytes the body's buffer is mapped in a decode thread before
+    the body is received into it: the answer is the same, and a client that goes away before
+    the body is in (or while the buffer is being mapped) leaves the server serving."""
+    from trident.http.offload import MAPPED_BUFFER
+
+    values = np.arange(MAPPED_BUFFER // 4 + 4099, dtype=np.float32)
+    body, json_length = binary_body(values)
+    assert len(body) > MAPPED_BUFFER
+    for cut in (0, 1 << 20):  # nothing of the body, and some of it
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as sock:
+            sock.sendall(head(len(body), f"Inference-Header-Content-Length: {json_length}") + body[:cut])
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as sock:
+        sock.sendall(head(len(body), f"Inference-Header-Content-Length: {json_length}"))
+        send_in_pieces(sock, body, 9)
+        status, headers, answer = read_response(sock)
+        assert status == 200, answer[:300]
+        np.testing.assert_array_equal(output_of(headers, answer), values)
+
+
 # ---- a large tensor the model refuses is refused before its data is decoded -----------------
 
 N_BYTES = 300_000  # BYTES elements of 4 bytes behind 4-byte prefixes: a 2.4 MB body, decoded off the loop
