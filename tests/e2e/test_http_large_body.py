@@ -131,15 +131,15 @@ def test_a_large_body_cut_short_leaves_the_server_serving(server):
 
 
 def test_a_body_past_the_mapped_size_is_received_whole_or_cut_short_harmlessly(server):
-    """From offload.MAPPED_BUFFER bytes the body's buffer is mapped in a decode thread before
-    the body is received into it: the answer is the same, and a client that goes away before
-    the body is in (or while the buffer is being mapped) leaves the server serving."""
+    """From offload.MAPPED_BUFFER bytes the body's buffer is mapped in a decode thread, in steps
+    ahead of what has arrived: the answer is the same, and a client that goes away before the
+    body is in (before a step, or after some) leaves the server serving."""
     from trident.http.offload import MAPPED_BUFFER
 
     values = np.arange(MAPPED_BUFFER // 4 + 4099, dtype=np.float32)
     body, json_length = binary_body(values)
     assert len(body) > MAPPED_BUFFER
-    for cut in (0, 1 << 20):  # nothing of the body, and some of it
+    for cut in (0, 1 << 20, 5 << 20):  # nothing of the body, some of it, several steps of it
         with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as sock:
             sock.sendall(head(len(body), f"Inference-Header-Content-Length: {json_length}") + body[:cut])
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as sock:
@@ -148,6 +148,41 @@ def test_a_body_past_the_mapped_size_is_received_whole_or_cut_short_harmlessly(s
         status, headers, answer = read_response(sock)
         assert status == 200, answer[:300]
         np.testing.assert_array_equal(output_of(headers, answer), values)
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_large_announced_body_pins_memory_as_it_arrives_not_as_announced(server):
+    """Bad input: clients announcing 60 MiB bodies and sending 64 KiB of each pin about what
+    they sent (the buffer is mapped a step ahead of what arrived, 1 MiB at first), not 60 MiB
+    each; the server answers others meanwhile and after they go."""
+    announced = 60 << 20
+    before = _rss_mib(server.proc.pid)
+    socks = []
+    try:
+        for _ in range(8):
+            sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=60)
+            sock.sendall(head(announced, "Inference-Header-Content-Length: 16") + bytes(64 << 10))
+            socks.append(sock)
+        time.sleep(1.0)
+        grown = _rss_mib(server.proc.pid) - before
+        assert grown < 100, f"RSS grew {grown:.0f} MiB for 8 bodies of 64 KiB announced as 60 MiB each"
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            item = httpclient.InferInput("INPUT0", [8], "FP32")
+            item.set_data_from_numpy(VALUES[:8], binary_data=True)
+            np.testing.assert_array_equal(client.infer("identity_fp32", [item]).as_numpy("OUTPUT0"), VALUES[:8])
+        finally:
+            client.close()
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 # ---- a large tensor the model refuses is refused before its data is decoded -----------------

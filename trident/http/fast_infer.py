@@ -168,7 +168,7 @@ class FastInfer:
         io = conn.io
         body: bytearray | None = None
         store: memoryview | None = None
-        filled = 0
+        filled = mapped = 0  # bytes of ``store`` received into, and mapped (see offload.map_ahead)
         deadline = _NEVER
         body_timeout = conn.state.body_timeout
         with trio.CancelScope() as scope:
@@ -180,7 +180,10 @@ class FastInfer:
                         if deadline == _NEVER:  # the body so far came with the head: no wait yet
                             deadline = now + body_timeout
                         scope.deadline = min(now + body_timeout, deadline)
-                        n = await io.receive_into(store[filled : filled + min(room, BODY_RECEIVE_SIZE)])
+                        if filled >= mapped:  # the next pages mapped off the loop first
+                            mapped = await offload.map_ahead(store, filled)
+                        n = await io.receive_into(store[filled : filled + min(room, BODY_RECEIVE_SIZE,
+                                                                              mapped - filled)])
                         if not n:
                             conn.eof = True
                             raise Disconnected
@@ -231,9 +234,10 @@ class FastInfer:
                         # bytearray would be moved whole by realloc each time it outgrew its
                         # place in the heap (glibc serves up to the 32 MiB mmap threshold from
                         # it), tens of ms of copying on the event loop for a large body
-                        store = await offload.body_buffer(length)
+                        store, mapped = offload.body_buffer(length)
                         store[: len(chunk)] = chunk
                         filled = len(chunk)
+                        mapped = max(mapped, filled)
                         continue
                     body = bytearray(chunk)
                 else:

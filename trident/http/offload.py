@@ -24,7 +24,8 @@ from trident.server import worker_threads
 T = TypeVar("T")
 
 OFFLOAD_THRESHOLD = 1 << 20  # body bytes (decompressed) from which decoding leaves the loop
-MAPPED_BUFFER = 16 << 20  # body bytes from which the body's buffer is mapped in a decode thread
+MAPPED_BUFFER = 16 << 20  # body bytes from which the body's buffer is mapped in a decode thread ...
+MAP_AHEAD = 8 << 20  # ... a step ahead of what has arrived: as much as has arrived, from 1 MiB up to this
 DECODE_THREADS = 2
 
 _LIMITER: RunVar[trio.CapacityLimiter] = RunVar("trident.http.decode_limiter")
@@ -48,24 +49,32 @@ async def run_sync(fn: Callable[..., T], *args: object) -> T:
     return await worker_threads.run_sync(fn, *args, limiter=limiter())
 
 
-async def body_buffer(length: int) -> memoryview:
-    """A writable buffer of ``length`` bytes for a body received straight into place.
+def body_buffer(length: int) -> tuple[memoryview, int]:
+    """A writable buffer of ``length`` bytes for a body received straight into place, and how
+    much of it may be received into before :func:`map_ahead` (all of it, under
+    ``MAPPED_BUFFER`` bytes; none from there on)."""
+    return np.empty(length, dtype=np.uint8).data, (length if length < MAPPED_BUFFER else 0)
 
-    From ``MAPPED_BUFFER`` bytes on its memory is mapped in a decode thread (each page written
-    once, by numpy without the GIL): a fresh allocation that large comes from the kernel
-    unmapped, and the socket's reads into it would map it on the event loop, a page at a time
-    (~1.4 ms a MiB on a VM here, up to 5 ms per 256 KiB read: a stall for every other client).
-    Smaller ones are reused heap memory, made here. Cancellation: see :func:`run_sync`.
+
+async def map_ahead(buffer: memoryview, start: int) -> int:
+    """Map the memory of ``buffer`` from ``start`` (the bytes received so far end there) in a
+    decode thread, each page written once (by numpy, without the GIL), for as many bytes as
+    have arrived (at least 1 MiB, at most ``MAP_AHEAD``); returns where what is mapped ends.
+
+    A fresh allocation of ``MAPPED_BUFFER`` bytes or more comes from the kernel unmapped, and
+    the socket's reads into it would map it on the event loop a page at a time (~1.4 ms a MiB
+    on a VM here, up to 5 ms per 256 KiB read: a stall for every other client). Mapped in steps
+    that grow with what has arrived, not whole: a client that announces 64 MiB and sends a few
+    bytes pins 1 MiB, and one that sent N bytes at most N more (a 60 MB body: ~11 steps).
+    Cancellation: see :func:`run_sync`.
     """
-    if length < MAPPED_BUFFER:
-        return np.empty(length, dtype=np.uint8).data
-    return (await run_sync(_mapped, length)).data
+    end = min(len(buffer), start + min(MAP_AHEAD, max(1 << 20, start)))
+    await run_sync(_map, buffer, start, end)
+    return end
 
 
-def _mapped(length: int) -> np.ndarray:
-    array = np.empty(length, dtype=np.uint8)
-    array[:: mmap.PAGESIZE] = 0
-    return array
+def _map(buffer: memoryview, start: int, end: int) -> None:
+    np.frombuffer(buffer, dtype=np.uint8)[start:end:mmap.PAGESIZE] = 0
 
 
 async def decompress(
