@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,13 +125,8 @@ def release_objects(tensors: list[Tensor]) -> None:
     WireBytesTensor's elements are not made for this."""
     if sys.getrefcount(tensors) > 3:  # its holder, the caller's argument, ours
         return
-    for tensor in tensors:
-        if sys.getrefcount(tensor) > 3:  # the list, the loop, ours
-            continue
-        try:
-            data = _TENSOR_DATA.__get__(tensor, Tensor)
-        except AttributeError:  # never made
-            continue
+    for tensor in _held_once(tensors):
+        data = _made(tensor)
         if type(data) is not np.ndarray or data.dtype != object or data.size <= datatypes.FILL_SLICE \
                 or sys.getrefcount(data) > 3:  # the slot, the local, ours
             continue
@@ -146,6 +141,21 @@ def release_objects(tensors: list[Tensor]) -> None:
 
 
 _NO_OBJECTS = np.empty(0, dtype=object)
+
+
+def _held_once(tensors: list[Tensor]) -> Iterator[Tensor]:
+    """The tensors of ``tensors`` that nothing but the list holds."""
+    for tensor in tensors:
+        if sys.getrefcount(tensor) <= 3:  # the list, the loop, ours
+            yield tensor
+
+
+def _made(tensor: Tensor) -> Any:
+    """A tensor's data, or None when it was never made (a WireBytesTensor's elements)."""
+    try:
+        return _TENSOR_DATA.__get__(tensor, Tensor)
+    except AttributeError:
+        return None
 
 
 def let_go(holder: list[Any]) -> None:
@@ -175,22 +185,13 @@ def _unshare(inputs: list[Tensor], outputs: list[Tensor]) -> None:
         return
     answered: set[int] = set()
     for tensor in outputs:
-        try:
-            data = _TENSOR_DATA.__get__(tensor, Tensor)
-        except AttributeError:  # never made (a WireBytesTensor's)
-            continue
+        data = _made(tensor)
         if type(data) is np.ndarray and data.dtype == object and data.size > datatypes.FILL_SLICE:
             answered.add(id(data))
     if not answered:
         return
-    for tensor in inputs:
-        if sys.getrefcount(tensor) > 3:  # the list, the loop, ours
-            continue
-        try:
-            data = _TENSOR_DATA.__get__(tensor, Tensor)
-        except AttributeError:  # never made
-            continue
-        if id(data) in answered:
+    for tensor in _held_once(inputs):
+        if id(_made(tensor)) in answered:
             _TENSOR_DATA.__set__(tensor, _NO_OBJECTS)
 
 
