@@ -10,6 +10,7 @@ at ``LOW_PRIORITY`` (nice 19), so the event loop's thread, when runnable, gets t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -76,10 +77,8 @@ def restore(before: int | None) -> None:
     """This thread back at ``before`` (what :func:`lower` returned), where the process may raise
     it again (root or CAP_SYS_NICE); elsewhere it stays low."""
     if before is not None and before != LOW_PRIORITY:
-        try:
+        with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), before)
-        except OSError:
-            pass
 
 
 @functools.cache

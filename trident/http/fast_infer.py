@@ -234,10 +234,9 @@ class FastInfer:
                         # bytearray would be moved whole by realloc each time it outgrew its
                         # place in the heap (glibc serves up to the 32 MiB mmap threshold from
                         # it), tens of ms of copying on the event loop for a large body
-                        store, mapped = offload.body_buffer(length)
+                        store = offload.body_buffer(length)
                         store[: len(chunk)] = chunk
                         filled = len(chunk)
-                        mapped = max(mapped, filled)
                         continue
                     body = bytearray(chunk)
                 else:

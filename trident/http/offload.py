@@ -49,11 +49,10 @@ async def run_sync(fn: Callable[..., T], *args: object) -> T:
     return await worker_threads.run_sync(fn, *args, limiter=limiter())
 
 
-def body_buffer(length: int) -> tuple[memoryview, int]:
-    """A writable buffer of ``length`` bytes for a body received straight into place, and how
-    much of it may be received into before :func:`map_ahead` (all of it, under
-    ``MAPPED_BUFFER`` bytes; none from there on)."""
-    return np.empty(length, dtype=np.uint8).data, (length if length < MAPPED_BUFFER else 0)
+def body_buffer(length: int) -> memoryview:
+    """A writable buffer of ``length`` bytes for a body received straight into place (into what
+    :func:`map_ahead` says is mapped)."""
+    return np.empty(length, dtype=np.uint8).data
 
 
 async def map_ahead(buffer: memoryview, start: int) -> int:
@@ -66,8 +65,11 @@ async def map_ahead(buffer: memoryview, start: int) -> int:
     on a VM here, up to 5 ms per 256 KiB read: a stall for every other client). Mapped in steps
     that grow with what has arrived, not whole: a client that announces 64 MiB and sends a few
     bytes pins 1 MiB, and one that sent N bytes at most N more (a 60 MB body: ~11 steps).
-    Cancellation: see :func:`run_sync`.
+    A smaller buffer is reused heap memory: all of it counts as mapped, at once. Cancellation:
+    see :func:`run_sync`.
     """
+    if len(buffer) < MAPPED_BUFFER:
+        return len(buffer)
     end = min(len(buffer), start + min(MAP_AHEAD, max(1 << 20, start)))
     await run_sync(_map, buffer, start, end)
     return end
