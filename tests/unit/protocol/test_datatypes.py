@@ -221,3 +221,42 @@ def test_shrink_lets_go_of_the_elements_a_slice_at_a_time():
     small = np.array([gone] * 10, dtype=object)
     assert not dt.shrink(small) and small.size == 10
     assert not dt.shrink(np.zeros(count))  # not objects
+
+
+def _huge_pages_advised() -> bool:
+    """numpy's huge-page advice for its large arrays, as it stands (set and put back)."""
+    before = dt._SET_HUGE_PAGES(True)
+    dt._SET_HUGE_PAGES(before)
+    return bool(before)
+
+
+def test_object_arrays_are_filled_without_huge_page_advice_and_the_advice_comes_back():
+    """A large object array is allocated and filled with numpy's huge-page advice off (its
+    elements are written with the GIL held: a 2 MiB page fault each time would hold it for
+    milliseconds), and the advice is as it was once the fill ends, also when the fill fails and
+    when two fills overlap (the last one to end puts it back)."""
+    assert dt._SET_HUGE_PAGES is not None, "numpy's _set_madvise_hugepage is gone: object arrays would fill in huge pages"
+    assert _huge_pages_advised()  # numpy's default on Linux
+    seen: list[bool] = []
+
+    def chunks(inner: bool):
+        for start in range(0, 2 * dt.FILL_SLICE, dt.FILL_SLICE):
+            seen.append(_huge_pages_advised())
+            if inner and start:  # a second fill inside the first: the advice stays off until the outer one ends
+                assert dt.object_array(chunks(False), 2 * dt.FILL_SLICE).size == 2 * dt.FILL_SLICE
+                seen.append(_huge_pages_advised())
+            yield [start] * dt.FILL_SLICE
+
+    assert dt.object_array(chunks(True), 2 * dt.FILL_SLICE).tolist() == [0] * dt.FILL_SLICE + [dt.FILL_SLICE] * dt.FILL_SLICE
+    assert seen and not any(seen)
+    assert _huge_pages_advised()
+
+    def failing():
+        yield [b""] * dt.FILL_SLICE
+        raise ValueError("cut short")
+
+    with pytest.raises(ValueError, match="cut short"):
+        dt.object_array(failing(), 2 * dt.FILL_SLICE)
+    assert _huge_pages_advised()
+    assert dt.object_array([[b""] * 3], 3).tolist() == [b""] * 3  # small arrays: made whole, advice untouched
+    assert _huge_pages_advised()
