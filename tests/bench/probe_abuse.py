@@ -15,7 +15,10 @@ Case groups (``--cases`` takes groups and single cases, comma separated):
 * ``stall``: each abuse case below runs on its own connection while two victims (HTTP JSON
   infer and gRPC ModelInfer of FP32[16], each every ~5 ms, one at a time) record latency; the
   victims' max / p99 during the case is set against a quiet baseline, with what the abusive
-  connection got back (HTTP status, GOAWAY + code, RST_STREAM codes, or nothing / held).
+  connection got back (HTTP status, GOAWAY + code, RST_STREAM codes, or nothing / held). The
+  victims run in a process of their own (on the probe's CPUs), so that the abusive side's own
+  work (building, sending or reading a large message) does not show in their times; the
+  probe's own event-loop lag during each case is reported beside them.
   Cases: ``http_gzip_bomb`` (~254 KiB of gzip inflating to 256 MiB of zeros),
   ``http_json_bytes`` (~60 MiB: one BYTES input of 15M "" elements; to ``--bytes-model``, by
   default the victims' FP32 model, which refuses it), ``http_json_floats`` (12M
@@ -56,8 +59,10 @@ Every loop is bounded in count and in time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import multiprocessing
 import os
 import socket
 import struct
@@ -443,6 +448,7 @@ class Victims:
         self.args = args
         self.values = values
         self.samples: list[Sample] = []
+        self.lags: list[tuple[float, float]] = []  # (start, seconds late) of this probe's own loop
         self.http_body = json.dumps({"inputs": [{"name": args.input, "shape": list(values.shape), "datatype": "FP32",
                                                  "data": values.tolist()}]}).encode()
         self.grpc_message = grpc_frame(model_infer_request(args.model, args.input, values))
@@ -452,6 +458,21 @@ class Victims:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.loop, stop, interval, "http", None)
             nursery.start_soon(self.loop, stop, interval, "grpc", None)
+            nursery.start_soon(self.watch_lag, stop)
+
+    async def watch_lag(self, stop: trio.Event, period: float = 0.001) -> None:
+        """This probe's own event loop, late by more than 2 ms (its abusive clients share the
+        process with the victims: a stall of its own shows in the victims' times, not the server's)."""
+        while not stop.is_set():
+            start = time.monotonic()
+            await trio.sleep(period)
+            late = time.monotonic() - start - period
+            if late > 0.002:
+                self.lags.append((start, late))
+
+    def lag_ms(self, start: float, end: float) -> float:
+        """The probe's own longest loop lag between ``start`` and ``end`` (ms)."""
+        return _r(max((late * 1000 for t, late in self.lags if start <= t <= end), default=0.0)) or 0.0
 
     async def loop(self, stop: trio.Event, interval: float, proto: str, counts: dict[str, int] | None,
                    deadline: float = math.inf) -> None:
@@ -479,6 +500,20 @@ class Victims:
                 await trio.sleep(max(0.0, interval - (time.monotonic() - start)))
             await _drop(state)
             nursery.cancel_scope.cancel()
+
+    async def serve_samples(self, out: Any) -> None:
+        """Run the two victims and send their samples to ``out`` (a multiprocessing connection;
+        lines of start, latency, ok, protocol) every 20 ms, until cancelled:
+        :class:`VictimsProcess`'s child."""
+        sent = 0
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.run, trio.Event())
+            while True:
+                await trio.sleep(0.02)
+                new = self.samples[sent:]
+                sent += len(new)
+                if new:
+                    out.send_bytes("".join(f"{s.t!r} {s.latency!r} {int(s.ok)} {s.proto}\n" for s in new).encode())
 
     async def http_once(self, state: dict[str, Any]) -> bool:
         conn = state.get("h11")
@@ -550,6 +585,60 @@ async def _h11_response(stream: trio.SocketStream, conn: h11.Connection, limit: 
         elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
             return status, bytes(body)
     raise ConnectionError("response too long")
+
+
+def _serve_victims(args: argparse.Namespace, values: np.ndarray, out: Any) -> None:
+    """The victims' process (spawned): the two victims, their samples sent to ``out``."""
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+        trio.run(Victims(args, values).serve_samples, out)
+
+
+class VictimsProcess:
+    """The two victims of :class:`Victims` in a process of their own, their samples read back
+    as they come: the probe's abusive clients share this process's event loop and GIL, and a
+    stall of the probe's own (building or reading a large message) would show in the victims'
+    times as if the server had caused it. :attr:`lags` keeps this process's own loop lag, to
+    say how far the abusive side itself was held up."""
+
+    def __init__(self, args: argparse.Namespace, values: np.ndarray) -> None:
+        self.args = args
+        self.values = values
+        self.samples: list[Sample] = []
+        self.lags: list[tuple[float, float]] = []
+
+    async def run(self, stop: trio.Event, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The victims until ``stop``; started once their first samples have come."""
+        reader, writer = multiprocessing.get_context("spawn").Pipe(duplex=False)
+        process = multiprocessing.get_context("spawn").Process(
+            target=_serve_victims, args=(self.args, self.values, writer), daemon=True)
+        process.start()  # the child inherits this process's CPU affinity
+        writer.close()
+        try:
+            async with trio.open_nursery() as nursery:
+                first = trio.Event()
+                nursery.start_soon(self._read, reader, first)
+                await first.wait()
+                nursery.start_soon(Victims.watch_lag, self, stop)  # type: ignore[arg-type]
+                task_status.started()
+                await stop.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            process.terminate()
+            await trio.to_thread.run_sync(process.join, 5)
+            reader.close()
+
+    async def _read(self, reader: Any, first: trio.Event) -> None:
+        while True:
+            try:
+                data = await trio.to_thread.run_sync(reader.recv_bytes, abandon_on_cancel=True)
+            except EOFError:
+                raise RuntimeError("the victims' process ended") from None
+            for line in data.splitlines():
+                t, latency, ok, proto = line.split()
+                self.samples.append(Sample(float(t), float(latency), ok == b"1", proto.decode()))
+            first.set()
+
+    lag_ms = Victims.lag_ms
 
 
 def latency_stats(samples: list[Sample], proto: str) -> dict[str, Any]:
@@ -937,17 +1026,18 @@ STALL_CASES = {
 
 async def run_stall(args, emit, case_names: list[str]) -> None:
     values = np.arange(16, dtype=np.float32)
-    victims = Victims(args, values)
+    victims = VictimsProcess(args, values)
     stop = trio.Event()
     if "huffman_header_flood" in case_names:
         huffman_literal(_huffman_flood_size(args)[1])  # before the victims run: it takes a while
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(victims.run, stop)
+        await nursery.start(victims.run, stop)
         base_start = time.monotonic()
         await trio.sleep(args.baseline_secs)
         base = list(victims.samples)
         emit({"case": "baseline", "group": "stall", "start": round(base_start, 4), "secs": args.baseline_secs,
-              "http": latency_stats(base, "http"), "grpc": latency_stats(base, "grpc"), "rss_mib": _r(rss_mib(args.pid))})
+              "http": latency_stats(base, "http"), "grpc": latency_stats(base, "grpc"), "rss_mib": _r(rss_mib(args.pid)),
+              "probe_lag_ms": victims.lag_ms(base_start, time.monotonic())})
         for name in case_names:
             await trio.sleep(args.settle_secs)
             before = rss_mib(args.pid)
@@ -967,6 +1057,7 @@ async def run_stall(args, emit, case_names: list[str]) -> None:
             emit({"case": name, "group": "stall", "start": round(start, 4), "secs": round(secs, 2), "got": got,
                   "http": latency_stats(during, "http"), "grpc": latency_stats(during, "grpc"),
                   "rss_before_mib": _r(before), "rss_after_mib": _r(rss_mib(args.pid)),
+                  "probe_lag_ms": victims.lag_ms(start, start + secs + 0.5),
                   **({"slow": slow} if args.slow_ms > 0 else {})})
         stop.set()
 
@@ -1199,13 +1290,14 @@ def markdown(records: list[dict[str, Any]]) -> str:
     lines = []
     stall = [r for r in records if r["group"] == "stall"]
     if stall:
-        lines += ["| case | secs | HTTP victim p99 / max ms (fail) | gRPC victim p99 / max ms (fail) | RSS MiB | abusive connection got |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["| case | secs | HTTP victim p99 / max ms (fail) | gRPC victim p99 / max ms (fail) | probe's own lag ms | RSS MiB | abusive connection got |",
+                  "|---|---|---|---|---|---|---|"]
         for r in stall:
             h, g = r["http"], r["grpc"]
             rss = r.get("rss_mib") or (f"{r.get('rss_before_mib')} -> {r.get('rss_after_mib')}")
             lines.append(f"| {r['case']} | {r['secs']} | {h['p99_ms']} / {h['max_ms']} ({h['failed']}/{h['n']}) | "
-                         f"{g['p99_ms']} / {g['max_ms']} ({g['failed']}/{g['n']}) | {rss} | {r.get('got', '')[:160]} |")
+                         f"{g['p99_ms']} / {g['max_ms']} ({g['failed']}/{g['n']}) | {r.get('probe_lag_ms', '-')} | {rss} | "
+                         f"{r.get('got', '')[:160]} |")
         lines.append("")
     pinned = [r for r in records if r["group"] == "pinned"]
     if pinned:
