@@ -448,7 +448,6 @@ class Victims:
         self.args = args
         self.values = values
         self.samples: list[Sample] = []
-        self.lags: list[tuple[float, float]] = []  # (start, seconds late) of this probe's own loop
         self.http_body = json.dumps({"inputs": [{"name": args.input, "shape": list(values.shape), "datatype": "FP32",
                                                  "data": values.tolist()}]}).encode()
         self.grpc_message = grpc_frame(model_infer_request(args.model, args.input, values))
@@ -458,21 +457,6 @@ class Victims:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.loop, stop, interval, "http", None)
             nursery.start_soon(self.loop, stop, interval, "grpc", None)
-            nursery.start_soon(self.watch_lag, stop)
-
-    async def watch_lag(self, stop: trio.Event, period: float = 0.001) -> None:
-        """This probe's own event loop, late by more than 2 ms (its abusive clients share the
-        process with the victims: a stall of its own shows in the victims' times, not the server's)."""
-        while not stop.is_set():
-            start = time.monotonic()
-            await trio.sleep(period)
-            late = time.monotonic() - start - period
-            if late > 0.002:
-                self.lags.append((start, late))
-
-    def lag_ms(self, start: float, end: float) -> float:
-        """The probe's own longest loop lag between ``start`` and ``end`` (ms)."""
-        return _r(max((late * 1000 for t, late in self.lags if start <= t <= end), default=0.0)) or 0.0
 
     async def loop(self, stop: trio.Event, interval: float, proto: str, counts: dict[str, int] | None,
                    deadline: float = math.inf) -> None:
@@ -608,9 +592,9 @@ class VictimsProcess:
 
     async def run(self, stop: trio.Event, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """The victims until ``stop``; started once their first samples have come."""
-        reader, writer = multiprocessing.get_context("spawn").Pipe(duplex=False)
-        process = multiprocessing.get_context("spawn").Process(
-            target=_serve_victims, args=(self.args, self.values, writer), daemon=True)
+        spawn = multiprocessing.get_context("spawn")
+        reader, writer = spawn.Pipe(duplex=False)
+        process = spawn.Process(target=_serve_victims, args=(self.args, self.values, writer), daemon=True)
         process.start()  # the child inherits this process's CPU affinity
         writer.close()
         try:
@@ -618,7 +602,7 @@ class VictimsProcess:
                 first = trio.Event()
                 nursery.start_soon(self._read, reader, first)
                 await first.wait()
-                nursery.start_soon(Victims.watch_lag, self, stop)  # type: ignore[arg-type]
+                nursery.start_soon(self._watch_lag, stop)
                 task_status.started()
                 await stop.wait()
                 nursery.cancel_scope.cancel()
@@ -638,7 +622,18 @@ class VictimsProcess:
                 self.samples.append(Sample(float(t), float(latency), ok == b"1", proto.decode()))
             first.set()
 
-    lag_ms = Victims.lag_ms
+    async def _watch_lag(self, stop: trio.Event, period: float = 0.001) -> None:
+        """This process's own event loop, late by more than 2 ms."""
+        while not stop.is_set():
+            start = time.monotonic()
+            await trio.sleep(period)
+            late = time.monotonic() - start - period
+            if late > 0.002:
+                self.lags.append((start, late))
+
+    def lag_ms(self, start: float, end: float) -> float:
+        """This process's longest loop lag between ``start`` and ``end`` (ms)."""
+        return round(max((late * 1000 for t, late in self.lags if start <= t <= end), default=0.0), 1)
 
 
 def latency_stats(samples: list[Sample], proto: str) -> dict[str, Any]:
